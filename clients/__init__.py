@@ -1,0 +1,1 @@
+"""Flower ClientApps of fl-rescaled."""

@@ -1,0 +1,218 @@
+"""One simulated run, described by a ``RunSpec``: shared by ``run_sim.py`` and the ServerApp.
+
+``run(spec)`` builds the task, the strategy, the virtual clock and (by default) the in-process
+Grid, runs the strategy's asynchronous loop, writes the CSV/PNG outputs and returns a flat dict
+of results (the JSON printed by ``run_sim.py --json``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, MetricRecord
+from flwr.serverapp import Grid
+
+from .clock import DELAY_KINDS, DelayModel, VirtualClock, WallClock, tau_stats
+from .metrics import plot_curves, write_history_csv
+from .tasks import TASKS, get_task, task_spec
+
+
+def default_taus(n: int) -> list[float]:
+    """Harmonic compute times, two workers per power of two: 1,1,2,2,4,4,... (the paper's for n=10)."""
+    return [float(2 ** (i // 2)) for i in range(n)]
+
+
+@dataclass
+class RunSpec:
+    """Everything that defines one run (the command line's flags, the app's run_config)."""
+
+    task: str = "mnist"
+    strategy: str = "rescaled"
+    lr: float = 1.0
+    delays: str = "fixed"
+    taus: list[float] | None = None
+    num_clients: int | None = None  # default: len(taus), else len(quad_b), else 10
+    budget: float = 1000.0
+    seed: int = 0
+    eval_every: float | None = None
+    weights: list[float] | None = None
+    batch_size: int = 64
+    dirichlet_alpha: float = 0.0
+    data_dir: str | None = None
+    quad_a: list[float] | None = None
+    quad_b: list[float] | None = None
+    quad_dim: int = 1
+    quad_x0: float = 0.0
+    noise: float = 0.0
+    delay_rule: str = "inverse"
+    out: str | None = None
+    progress: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def resolved(self) -> RunSpec:
+        """Fill defaults that depend on other fields and validate; raises ValueError."""
+        from strategies import STRATEGIES
+
+        s = RunSpec(**{**asdict(self)})
+        if s.task not in TASKS:
+            raise ValueError(f"unknown task {s.task!r}; choose one of {', '.join(TASKS)}")
+        if s.strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {s.strategy!r}; choose one of {', '.join(STRATEGIES)}")
+        if s.delays not in DELAY_KINDS:
+            raise ValueError(f"unknown delays {s.delays!r}; choose one of {', '.join(DELAY_KINDS)}")
+        if s.num_clients is None:
+            guesses = [s.taus, s.quad_b if s.task == "quadratic" else None, s.weights]
+            s.num_clients = next((len(g) for g in guesses if g), 10)
+        if s.num_clients < 1:
+            raise ValueError("--num-clients must be at least 1")
+        if s.taus is None:
+            s.taus = default_taus(s.num_clients)
+        if len(s.taus) != s.num_clients:
+            raise ValueError(f"--taus has {len(s.taus)} values for {s.num_clients} clients")
+        if any(not (t > 0 and math.isfinite(t)) for t in s.taus):
+            raise ValueError("every compute time in --taus must be positive")
+        if not (s.lr > 0 and math.isfinite(s.lr)):
+            raise ValueError("--lr (α) must be positive")
+        if not (s.budget > 0 and math.isfinite(s.budget)):
+            raise ValueError("--budget must be positive")
+        if s.eval_every is not None and not s.eval_every > 0:
+            raise ValueError("--eval-every must be positive")
+        if s.batch_size < 1:
+            raise ValueError("--batch-size must be at least 1")
+        if s.dirichlet_alpha < 0:
+            raise ValueError("--dirichlet-alpha must be non-negative")
+        if s.noise < 0:
+            raise ValueError("--noise must be non-negative")
+        if s.weights is not None:
+            if len(s.weights) != s.num_clients:
+                raise ValueError(f"--weights has {len(s.weights)} values for {s.num_clients} clients")
+            if any(w < 0 for w in s.weights) or abs(sum(s.weights) - 1.0) > 1e-6:
+                raise ValueError("--weights must be non-negative and sum to 1")
+        if s.task == "quadratic":
+            if s.quad_a is None:
+                s.quad_a = [1.0] * s.num_clients
+            if s.quad_b is None:
+                s.quad_b = [float(i) for i in range(s.num_clients)]
+            if len(s.quad_a) != s.num_clients or len(s.quad_b) != s.num_clients:
+                raise ValueError("--quad-a and --quad-b need one value per client")
+            if any(a <= 0 for a in s.quad_a):
+                raise ValueError("--quad-a values must be positive")
+            if s.quad_dim < 1:
+                raise ValueError("--quad-dim must be at least 1")
+        return s
+
+    def task_config(self) -> dict[str, Any]:
+        cfg: dict[str, Any] = {
+            "task": self.task,
+            "seed": self.seed,
+            "num-partitions": self.num_clients,
+            "batch-size": self.batch_size,
+        }
+        if self.weights is not None:
+            cfg["weights"] = list(self.weights)
+        if self.task == "mnist":
+            cfg["dirichlet-alpha"] = self.dirichlet_alpha
+            if self.data_dir:
+                cfg["data-dir"] = str(self.data_dir)
+        else:
+            cfg.update({"quad-a": list(self.quad_a or []), "quad-b": list(self.quad_b or []),
+                        "quad-dim": self.quad_dim, "noise": self.noise})
+        return cfg
+
+
+def make_strategy(spec: RunSpec):
+    from strategies import STRATEGIES
+
+    cls = STRATEGIES[spec.strategy]
+    if spec.strategy == "rescaled":
+        return cls(spec.lr, weights=spec.weights)
+    if spec.strategy == "delay-adaptive":
+        return cls(spec.lr, rule=spec.delay_rule)
+    return cls(spec.lr)
+
+
+def make_evaluate_fn(task):
+    def evaluate(step: int, arrays: ArrayRecord) -> MetricRecord:
+        del step
+        x = np.concatenate([a.numpy().reshape(-1) for a in arrays.values()])
+        return MetricRecord(task.evaluate(x))
+
+    return evaluate
+
+
+def run(spec: RunSpec, grid: Grid | None = None, *, clock: VirtualClock | WallClock | None = None) -> dict[str, Any]:
+    """Run one experiment; return its results as a flat, JSON-ready dict."""
+    spec = spec.resolved()
+    cfg = spec.task_config()
+    task = get_task(cfg)
+    if grid is None:
+        from clients.client_app import app as client_app
+
+        from .grid import InProcessGrid
+
+        grid = InProcessGrid(client_app, spec.num_clients, seed=spec.seed)
+    if clock is None:
+        clock = VirtualClock(DelayModel(spec.taus, spec.delays, spec.seed))
+    strategy = make_strategy(spec)
+    x0 = task.initial_params(spec.seed, spec.quad_x0)
+    wall0 = time.perf_counter()
+    result = strategy.start(
+        grid=grid,
+        initial_arrays=ArrayRecord({"model": Array(x0)}),
+        time_budget=spec.budget,
+        train_config={"task": task_spec(cfg)},
+        evaluate_fn=make_evaluate_fn(task),
+        clock=clock,
+        eval_every=spec.eval_every,
+        num_workers=spec.num_clients,
+        progress=spec.progress,
+    )
+    wall = time.perf_counter() - wall0
+    final = strategy.history[-1]
+    params = result.arrays["model"].numpy().reshape(-1)
+    manager = strategy.manager
+    out: dict[str, Any] = {
+        "strategy": spec.strategy,
+        "task": spec.task,
+        "lr": spec.lr,
+        "budget": spec.budget,
+        "seed": spec.seed,
+        "delays": spec.delays,
+        "taus": list(spec.taus or []),
+        "final_time": final["time"],
+        "num_updates": manager.version,
+        "updates_per_worker": final["updates_per_worker"],
+        "cumulative_stepsize": manager.stepsize_sum,
+        "final_loss": final.get("loss"),
+        "client_losses": final.get("client_losses"),
+        "rejected": dict(manager.rejections),
+        "wall_seconds": wall,
+        "tau_stats": tau_stats(spec.taus),
+    }
+    if "accuracy" in final:
+        out["accuracy"] = final["accuracy"]
+    if spec.task == "quadratic":
+        out["final_params"] = params.tolist()
+        out["minimizer"] = task.minimizer
+        out["dist"] = final.get("dist")
+    else:
+        out["data_source"] = getattr(task, "source", "")
+    out["history"] = strategy.history
+    if spec.out:
+        odir = Path(spec.out)
+        stem = f"{spec.task}_{spec.strategy}_lr{spec.lr:g}_seed{spec.seed}"
+        out["csv"] = str(write_history_csv(odir / f"{stem}.csv", strategy.history))
+        out["png"] = str(plot_curves(odir / f"{stem}.png", {f"{spec.strategy} α={spec.lr:g}": strategy.history},
+                                     logy=spec.task == "mnist"))
+    return out
+
+
+def to_json(outcome: dict[str, Any]) -> str:
+    slim = {k: v for k, v in outcome.items() if k != "history"}
+    return json.dumps(slim, default=float)

@@ -1,0 +1,360 @@
+"""The asynchronous client manager: jobs in flight, completions in clock order, per-worker books.
+
+The manager is the only piece that talks to the Grid. A strategy asks it to ``submit`` a job
+(a model and its version) to a worker and to hand over the ``next_completion``; the manager tags
+every job (job id, worker, version, per-worker sequence number), draws its virtual compute time,
+pushes one Flower ``Message`` per job, pulls the replies, validates them and keeps the books:
+updates, cumulative stepsize, busy/idle time, rejected, lost and discarded jobs.
+
+Virtual clock: completions are handed over in order of simulated finishing time (ties: ascending
+worker index, then job id), whatever order the transport returns replies in. Wall clock: in
+arrival order, with each worker's mean compute time estimated online from measured job times.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, Message
+from flwr.serverapp import Grid
+
+from .clock import VirtualClock, WallClock
+from .messages import (
+    HELLO_TYPE,
+    JOB_TYPE,
+    RejectedReply,
+    encode_vector,
+    hello_content,
+    job_content,
+    parse_reply,
+)
+
+log = logging.getLogger("fl_rescaled")
+
+
+@dataclass
+class Job:
+    job_id: int
+    worker: int
+    version: int
+    seq: int  # this worker's job number (0, 1, 2, ...): seeds the client's randomness
+    dispatch_time: float
+    start_time: float = math.nan
+    finish_time: float = math.nan  # virtual clock only
+    message_id: str = ""
+    pushed_at: float = 0.0  # wall-clock seconds (time.monotonic)
+
+
+@dataclass
+class Completion:
+    job: Job
+    time: float
+    delay: int  # δ = k − v: server updates applied since the job's model was sent
+    update: np.ndarray | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+    rejected: str | None = None  # reason when the reply must not touch the model
+
+    @property
+    def worker(self) -> int:
+        return self.job.worker
+
+    @property
+    def ok(self) -> bool:
+        return self.rejected is None
+
+
+@dataclass
+class WorkerBook:
+    node_id: int
+    updates: int = 0
+    stepsize_sum: float = 0.0
+    jobs_sent: int = 0
+    jobs_done: int = 0
+    rejected: int = 0
+    lost: int = 0
+    discarded: int = 0
+    busy_done: float = 0.0  # compute time of finished jobs
+    free_at: float = 0.0  # virtual time at which the worker's queue empties
+    tau_estimate: float = math.nan  # online mean compute time (wall clock)
+
+
+class AsyncClientManager:
+    """Runs jobs on Flower nodes for an asynchronous strategy."""
+
+    def __init__(
+        self,
+        grid: Grid,
+        clock: VirtualClock | WallClock,
+        *,
+        train_config: dict[str, Any] | None = None,
+        ttl: float = 3600.0,
+        poll_interval: float = 0.002,
+        tau_smoothing: float = 0.2,
+    ) -> None:
+        self.grid = grid
+        self.clock = clock
+        self.train_config = dict(train_config or {})
+        self.ttl = float(ttl)
+        self.poll_interval = poll_interval
+        self.tau_smoothing = tau_smoothing
+        self.books: list[WorkerBook] = []
+        self.worker_of_node: dict[int, int] = {}
+        self.version = 0  # k: server updates applied so far
+        self.stepsize_sum = 0.0
+        self.inflight: dict[str, Job] = {}
+        self.rejections: Counter[str] = Counter()
+        self._next_job_id = 0
+        self._arrived: dict[str, Message] = {}
+        self._arrival_order: deque[str] = deque()
+        self._finished_ids: set[str] = set()
+        self._encoded: tuple[int, Array] | None = None  # (version, encoded model)
+
+    # ------------------------------------------------------------------ workers
+    @property
+    def num_workers(self) -> int:
+        return len(self.books)
+
+    def connect(self, num_workers: int | None = None, timeout: float = 120.0) -> list[int]:
+        """Find the nodes and map each to a worker index (its ``partition-id``).
+
+        Sends every node a ``query.hello`` message; the ClientApp answers with the partition id
+        from its node config. Returns the node ids ordered by worker index.
+        """
+        deadline = time.monotonic() + timeout
+        nodes: list[int] = []
+        while True:
+            nodes = sorted(int(n) for n in self.grid.get_node_ids())
+            if nodes and (num_workers is None or len(nodes) >= num_workers):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {len(nodes)} of {num_workers} nodes connected")
+            time.sleep(0.1)
+        msgs = [Message(hello_content(), n, HELLO_TYPE, ttl=timeout) for n in nodes]
+        ids = list(self.grid.push_messages(msgs))
+        pending = set(ids)
+        partition: dict[int, int] = {}
+        while pending and time.monotonic() < deadline:
+            got = False
+            for rep in self.grid.pull_messages(list(pending)):
+                got = True
+                pending.discard(rep.metadata.reply_to_message_id)
+                if rep.has_content() and "hello" in rep.content.metric_records:
+                    partition[rep.metadata.src_node_id] = int(
+                        rep.content.metric_records["hello"]["partition-id"]
+                    )
+            if not got:
+                time.sleep(0.05)
+        if pending:
+            raise TimeoutError(f"{len(pending)} nodes did not answer the hello query")
+        order = sorted(nodes, key=lambda n: (partition.get(n, 1 << 62), n))
+        pids = [partition.get(n) for n in order]
+        if sorted(p for p in pids if p is not None) != list(range(len(order))):
+            log.warning("partition ids %s are not 0..n-1; ordering workers by node id", pids)
+            order = nodes
+        if num_workers is not None:
+            order = order[:num_workers]
+        self.books = [WorkerBook(node_id=n) for n in order]
+        self.worker_of_node = {n: i for i, n in enumerate(order)}
+        return order
+
+    def tau_estimates(self) -> list[float]:
+        """Mean compute time per worker: exact in simulation, estimated online on the wall clock."""
+        if self.clock.virtual:
+            return [self.clock.mean_duration(i) for i in range(self.num_workers)]
+        return [b.tau_estimate for b in self.books]
+
+    # ------------------------------------------------------------------ jobs
+    def submit(self, worker: int, model: np.ndarray, version: int, config: dict | None = None) -> Job:
+        """Send ``worker`` a job on ``model`` (whose server version is ``version``).
+
+        A model of the version last encoded is not serialised again.
+        """
+        book = self.books[worker]
+        now = self.clock.now
+        job = Job(self._next_job_id, worker, version, book.jobs_sent, now)
+        self._next_job_id += 1
+        book.jobs_sent += 1
+        if self.clock.virtual:
+            job.start_time = max(now, book.free_at)
+            job.finish_time = job.start_time + self.clock.job_duration(worker)
+            book.free_at = job.finish_time
+        if self._encoded is None or self._encoded[0] != version:
+            self._encoded = (version, encode_vector(model))
+        cfg = dict(self.train_config)
+        if config:
+            cfg.update(config)
+        cfg.update({"job-id": job.job_id, "worker": worker, "version": version, "job-seq": job.seq})
+        msg = Message(
+            job_content(self._encoded[1], cfg),
+            book.node_id,
+            JOB_TYPE,
+            ttl=self.ttl,
+            group_id=str(version),
+        )
+        (mid,) = list(self.grid.push_messages([msg]))
+        job.message_id = mid
+        job.pushed_at = time.monotonic()
+        self.inflight[mid] = job
+        return job
+
+    def record_update(self, worker: int, stepsize: float) -> None:
+        """Book one applied server update triggered by ``worker`` (k += 1)."""
+        self.version += 1
+        self.stepsize_sum += stepsize
+        book = self.books[worker]
+        book.updates += 1
+        book.stepsize_sum += stepsize
+
+    def discard(self, job: Job) -> None:
+        """Book a finished job whose result the strategy does not use (e.g. an obsolete round)."""
+        self.books[job.worker].discarded += 1
+
+    def pending_jobs(self, worker: int | None = None) -> list[Job]:
+        jobs = self.inflight.values()
+        return [j for j in jobs if worker is None or j.worker == worker]
+
+    # ------------------------------------------------------------------ completions
+    def next_completion(self, budget: float = math.inf) -> Completion | None:
+        """The next finished job, or None once the next one would finish after ``budget``."""
+        if not self.inflight:
+            return None
+        if self.clock.virtual:
+            job = min(self.inflight.values(), key=lambda j: (j.finish_time, j.worker, j.job_id))
+            if job.finish_time > budget:
+                return None
+            reply = self._await(job)
+            self.clock.advance(job.finish_time)
+            return self._complete(job, reply, job.finish_time)
+        while True:
+            if self.clock.now > budget:
+                return None
+            mid = self._next_arrival()
+            if mid is None:
+                expired = self._expired_job()
+                if expired is not None:
+                    return self._complete(expired, None, self.clock.now, lost="ttl-expired")
+                time.sleep(self.poll_interval)
+                continue
+            job = self.inflight[mid]
+            return self._complete(job, self._arrived.pop(mid), self.clock.now)
+
+    def _complete(self, job: Job, reply: Message | None, t: float, lost: str | None = None) -> Completion:
+        del self.inflight[job.message_id]
+        self._finished_ids.add(job.message_id)
+        book = self.books[job.worker]
+        book.jobs_done += 1
+        delay = self.version - job.version
+        comp = Completion(job=job, time=t, delay=delay)
+        if self.clock.virtual:
+            book.busy_done += job.finish_time - job.start_time
+        if lost is not None or reply is None:
+            comp.rejected = lost or "lost"
+        else:
+            try:
+                comp.update, comp.metrics = parse_reply(reply, job.job_id, self._model_size())
+            except RejectedReply as rej:
+                comp.rejected = rej.reason
+                if rej.reason.startswith("error-code"):
+                    book.lost += 1
+                log.warning(
+                    "rejected reply of job %d (worker %d): %s", job.job_id, job.worker, rej
+                )
+        if comp.rejected is not None:
+            book.rejected += 1
+            self.rejections[comp.rejected] += 1
+        elif not self.clock.virtual:
+            measured = comp.metrics.get("compute-time")
+            if measured is None or not measured > 0:
+                measured = max(time.monotonic() - job.pushed_at, 1e-6) / self.clock.time_unit
+            else:
+                measured = float(measured) / self.clock.time_unit
+            book.busy_done += measured
+            if math.isnan(book.tau_estimate):
+                book.tau_estimate = measured
+            else:
+                a = self.tau_smoothing
+                book.tau_estimate = (1 - a) * book.tau_estimate + a * measured
+        return comp
+
+    def _model_size(self) -> int:
+        assert self._encoded is not None
+        return int(self._encoded[1].shape[0])
+
+    def _accept(self, replies: list[Message]) -> None:
+        """Buffer pulled replies; reject those that answer no job in flight."""
+        for rep in replies:
+            mid = rep.metadata.reply_to_message_id
+            if mid in self.inflight and mid not in self._arrived:
+                self._arrived[mid] = rep
+                self._arrival_order.append(mid)
+                continue
+            reason = "duplicate" if (mid in self._finished_ids or mid in self._arrived) else "unknown-job"
+            self.rejections[reason] += 1
+            log.warning("rejected a reply to message %r: %s", mid, reason)
+
+    def _await(self, job: Job) -> Message | None:
+        """Block until the reply to ``job`` has arrived (virtual clock)."""
+        mid = job.message_id
+        deadline = job.pushed_at + self.ttl
+        while mid not in self._arrived:
+            self._accept(list(self.grid.pull_messages([mid])))
+            if mid in self._arrived:
+                break
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(self.poll_interval)
+        return self._arrived.pop(mid)
+
+    def _next_arrival(self) -> str | None:
+        while self._arrival_order:
+            mid = self._arrival_order.popleft()
+            if mid in self._arrived:
+                return mid
+        self._accept(list(self.grid.pull_messages(list(self.inflight))))
+        while self._arrival_order:
+            mid = self._arrival_order.popleft()
+            if mid in self._arrived:
+                return mid
+        return None
+
+    def _expired_job(self) -> Job | None:
+        now = time.monotonic()
+        for job in self.inflight.values():
+            if now - job.pushed_at > self.ttl:
+                return job
+        return None
+
+    # ------------------------------------------------------------------ reporting
+    def busy_time(self, worker: int, t: float | None = None) -> float:
+        """Time ``worker`` spent computing up to time ``t`` (default: now)."""
+        t = self.clock.now if t is None else t
+        book = self.books[worker]
+        busy = book.busy_done
+        if self.clock.virtual:
+            for job in self.inflight.values():
+                if job.worker == worker and job.start_time < t:
+                    busy += min(job.finish_time, t) - job.start_time
+        return busy
+
+    def idle_share(self, worker: int, t: float | None = None) -> float:
+        t = self.clock.now if t is None else t
+        if t <= 0:
+            return 0.0
+        return max(0.0, 1.0 - self.busy_time(worker, t) / t)
+
+    def summary(self, t: float | None = None) -> dict[str, Any]:
+        return {
+            "updates": self.version,
+            "cumulative_stepsize": self.stepsize_sum,
+            "updates_per_worker": [b.updates for b in self.books],
+            "rejected": dict(self.rejections),
+            "lost_per_worker": [b.lost for b in self.books],
+            "discarded_per_worker": [b.discarded for b in self.books],
+            "idle_share_per_worker": [self.idle_share(i, t) for i in range(self.num_workers)],
+        }

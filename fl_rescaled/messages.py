@@ -1,0 +1,129 @@
+"""The job protocol between the asynchronous server and the ClientApp.
+
+A *job* message (type ``train``) carries
+  - ``arrays``:  ArrayRecord {"model": flat float32 vector}
+  - ``config``:  ConfigRecord with the task description and the job tag
+                 (``job-id``, ``worker``, ``version``, ``job-seq``, ``seed``, ...).
+A *reply* carries
+  - ``update``:  ArrayRecord {"update": flat float32 vector} (a gradient, or a model delta)
+  - ``metrics``: MetricRecord (``loss``, ``batch-size``, ``job-id``, ``compute-time``, ...).
+
+Flower's ``Array`` stores ``.npy`` bytes. Encoding a flat float32 vector by prefixing a cached
+``.npy`` header to its raw bytes, and decoding it with ``np.frombuffer`` past the header, gives the
+same bytes as ``Array(ndarray)`` / ``Array.numpy()`` at a fraction of their cost (the model is sent
+on every update, so this is on the hot path).
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import numpy as np
+import numpy.lib.format as npy_format
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+
+JOB_TYPE = "train"
+HELLO_TYPE = "query.hello"
+MODEL_KEY = "model"
+UPDATE_KEY = "update"
+
+_HEADERS: dict[tuple[str, tuple[int, ...]], bytes] = {}
+
+
+def _npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    key = (dtype.str, shape)
+    hdr = _HEADERS.get(key)
+    if hdr is None:
+        buf = io.BytesIO()
+        npy_format.write_array_header_1_0(
+            buf, {"descr": npy_format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
+        )
+        hdr = _HEADERS[key] = buf.getvalue()
+    return hdr
+
+
+def encode_vector(vec: np.ndarray) -> Array:
+    """Wrap a 1-D array as a Flower ``Array`` (valid ``.npy`` bytes; a snapshot copy)."""
+    vec = np.ascontiguousarray(vec)
+    if vec.ndim != 1:
+        raise ValueError("encode_vector takes a flat (1-D) array")
+    return Array(
+        dtype=str(vec.dtype),
+        shape=(int(vec.shape[0]),),
+        stype="numpy.ndarray",
+        data=b"".join((_npy_header(vec.dtype, vec.shape), memoryview(vec).cast("B"))),
+    )
+
+
+def decode_vector(arr: Array) -> np.ndarray:
+    """Read a flat array out of an ``Array`` without copying (read-only view).
+
+    Falls back to Flower's own ``.numpy()`` for anything but our fast layout.
+    """
+    if arr.stype == "numpy.ndarray" and len(arr.shape) == 1:
+        dtype = np.dtype(arr.dtype)
+        hdr = _npy_header(dtype, (int(arr.shape[0]),))
+        data = arr.data
+        if data[: len(hdr)] == hdr and len(data) == len(hdr) + dtype.itemsize * arr.shape[0]:
+            return np.frombuffer(data, dtype=dtype, offset=len(hdr))
+    return arr.numpy().reshape(-1)
+
+
+class RejectedReply(Exception):
+    """A reply that must not touch the model; ``reason`` is a short machine-readable tag."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+def _array_record(key: str, arr: Array) -> ArrayRecord:
+    rec = ArrayRecord()
+    rec[key] = arr  # (cheaper than ArrayRecord({key: arr}), same record)
+    return rec
+
+
+def job_content(model: Array, config: dict[str, Any]) -> RecordDict:
+    return RecordDict({"arrays": _array_record(MODEL_KEY, model), "config": ConfigRecord(config)})
+
+
+def hello_content() -> RecordDict:
+    return RecordDict({"config": ConfigRecord({"hello": 1})})
+
+
+def reply_content(update: np.ndarray, metrics: dict[str, Any]) -> RecordDict:
+    return RecordDict(
+        {"update": _array_record(UPDATE_KEY, encode_vector(update)), "metrics": MetricRecord(metrics)}
+    )
+
+
+def parse_reply(reply: Message, job_id: int, size: int) -> tuple[np.ndarray, dict[str, Any]]:
+    """Validate a job's reply and return (update vector, metrics) or raise ``RejectedReply``."""
+    if reply.has_error():
+        err = reply.error
+        raise RejectedReply(f"error-code-{err.code}", str(err.reason)[:200])
+    if not reply.has_content():
+        raise RejectedReply("no-content")
+    content = reply.content
+    try:
+        arrays = content.array_records["update"]
+        arr = arrays[UPDATE_KEY]
+        metrics = dict(content.metric_records["metrics"])
+    except (KeyError, TypeError) as exc:
+        raise RejectedReply("malformed", f"missing {exc}") from None
+    if int(metrics.get("job-id", -1)) != job_id:
+        raise RejectedReply("unknown-job", f"reply names job {metrics.get('job-id')}, expected {job_id}")
+    try:
+        vec = decode_vector(arr)
+    except Exception as exc:  # noqa: BLE001 - any undecodable payload is rejected
+        raise RejectedReply("malformed", f"undecodable array: {exc}") from None
+    if vec.shape != (size,):
+        raise RejectedReply("wrong-shape", f"got {vec.shape}, expected ({size},)")
+    if vec.dtype.kind != "f":
+        raise RejectedReply("wrong-dtype", str(vec.dtype))
+    # A sum is finite only if every term is; the exact test runs only when it is not (overflow).
+    if not np.isfinite(np.dot(vec, vec)) and not np.isfinite(vec).all():
+        raise RejectedReply("non-finite")
+    return vec, metrics
