@@ -1,0 +1,139 @@
+"""Nothing wrong gets in: every kind of bad reply is rejected, logged, counted, and the model untouched."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
+
+from clients.client_app import app
+from fl_rescaled import DelayModel, InProcessGrid, RescaledASGD, VirtualClock
+from fl_rescaled.messages import encode_vector
+from fl_rescaled.tasks import task_spec
+
+CFG = {"task": "quadratic", "num-partitions": 3, "quad-a": [1.0, 2.0, 1.0], "quad-b": [1.0, -2.0, 3.0],
+       "quad-dim": 4}
+BAD_JOB = 7  # the job whose reply gets corrupted
+
+
+def _with_update(msg: Message, update, metrics=None, drop_update=False) -> Message:
+    good = {"loss": 0.0, "batch-size": 1, "job-id": int(msg.content["config"]["job-id"]), "compute-time": 0.0}
+    content = RecordDict({"metrics": MetricRecord(metrics or good)})
+    if not drop_update:
+        content["update"] = ArrayRecord({"update": update})
+    return Message(content, reply_to=msg)
+
+
+class FaultyGrid(InProcessGrid):
+    def __init__(self, fault: str | None) -> None:
+        super().__init__(app, 3)
+        self.fault = fault
+
+    def _execute(self, msg):
+        reply = super()._execute(msg)
+        if msg.metadata.message_type != "train" or int(msg.content["config"]["job-id"]) != BAD_JOB:
+            return reply
+        f = self.fault
+        if f == "nan":
+            bad = _with_update(msg, encode_vector(np.full(4, np.nan)))
+        elif f == "inf":
+            bad = _with_update(msg, encode_vector(np.array([1.0, np.inf, 0.0, 0.0])))
+        elif f == "wrong-shape":
+            bad = _with_update(msg, encode_vector(np.ones(5)))
+        elif f == "wrong-dtype":
+            bad = _with_update(msg, encode_vector(np.ones(4, dtype=np.int64)))
+        elif f == "missing":
+            bad = _with_update(msg, None, drop_update=True)
+        elif f == "not-npy":
+            bad = _with_update(msg, Array(dtype="float64", shape=(4,), stype="numpy.ndarray", data=b"garbage"))
+        elif f == "unknown-job":
+            bad = _with_update(msg, encode_vector(np.ones(4)),
+                               metrics={"loss": 0.0, "job-id": 999999, "compute-time": 0.0})
+        elif f == "error":
+            bad = Message(Error(code=2, reason="boom"), reply_to=msg)
+        else:
+            return reply
+        bad.metadata.__dict__["_message_id"] = reply.metadata.message_id
+        return bad
+
+    def pull_messages(self, message_ids):
+        replies = list(super().pull_messages(message_ids))
+        out = []
+        for rep in replies:
+            out.append(rep)
+            job = self._job_of(rep)
+            if self.fault == "duplicate" and job == BAD_JOB:
+                out.append(rep)
+            if self.fault == "stray" and job == BAD_JOB:
+                stray = Message(RecordDict({"metrics": MetricRecord({"job-id": 424242})}), reply_to=self._stray_req())
+                out.append(stray)
+        return out
+
+    def _job_of(self, rep):
+        try:
+            return int(rep.content.metric_records["metrics"]["job-id"])
+        except Exception:  # noqa: BLE001
+            return -1
+
+    def _stray_req(self):
+        req = Message(RecordDict({"config": ConfigRecord({"x": 1})}), self.node_ids[0], "train")
+        req.metadata.__dict__["_message_id"] = "never-sent"
+        return req
+
+
+def run_with(fault):
+    events = []
+    prev = {"x": None}
+
+    def on_event(comp, x):
+        events.append((comp.job.job_id, comp.rejected, prev["x"].copy(), x.copy(), comp.worker, comp.time))
+        prev["x"] = x.copy()
+
+    s = RescaledASGD(0.05)
+    s.on_event = on_event
+    x0 = np.full(4, 0.5)
+    prev["x"] = x0.copy()
+    s.start(FaultyGrid(fault), ArrayRecord({"model": Array(x0)}), time_budget=12,
+            train_config={"task": task_spec(CFG)}, clock=VirtualClock(DelayModel([1, 2, 3])))
+    return s, events
+
+
+CONTENT_FAULTS = ["nan", "inf", "wrong-shape", "wrong-dtype", "missing", "not-npy", "unknown-job", "error"]
+
+
+@pytest.mark.parametrize("fault", CONTENT_FAULTS)
+def test_bad_reply_leaves_model_bit_identical(fault, caplog):
+    caplog.set_level(logging.WARNING, logger="fl_rescaled")
+    s, events = run_with(fault)
+    bad = [e for e in events if e[0] == BAD_JOB]
+    assert len(bad) == 1
+    _, reason, before, after, worker, t_bad = bad[0]
+    assert reason is not None
+    assert before.tobytes() == after.tobytes()
+    assert sum(s.manager.rejections.values()) == 1
+    assert sum(b.rejected for b in s.manager.books) == 1
+    assert any("rejected" in r.message and reason in r.message for r in caplog.records)
+    # Every other event was applied (the model moved), and the bad job's worker kept working.
+    others = [e for e in events if e[0] != BAD_JOB]
+    assert all(e[1] is None and e[2].tobytes() != e[3].tobytes() for e in others)
+    assert any(e[4] == worker and e[5] > t_bad for e in others)
+
+
+@pytest.mark.parametrize("fault", ["duplicate", "stray"])
+def test_duplicate_and_stray_replies_change_nothing(fault):
+    clean, clean_events = run_with(None)
+    s, events = run_with(fault)
+    reason = "duplicate" if fault == "duplicate" else "unknown-job"
+    assert s.manager.rejections == {reason: 1}
+    assert len(events) == len(clean_events)
+    assert s.x.tobytes() == clean.x.tobytes()
+
+
+def test_reasons_are_specific():
+    expected = {"nan": "non-finite", "inf": "non-finite", "wrong-shape": "wrong-shape", "wrong-dtype": "wrong-dtype",
+                "missing": "malformed", "not-npy": "malformed", "unknown-job": "unknown-job", "error": "error-code-2"}
+    for fault, reason in expected.items():
+        s, _ = run_with(fault)
+        assert dict(s.manager.rejections) == {reason: 1}, fault

@@ -1,0 +1,78 @@
+"""The command line: validation, JSON output, and a short real-MNIST run that learns."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+REQUIRED = {"strategy", "lr", "budget", "final_time", "num_updates", "updates_per_worker", "final_loss",
+            "final_params", "wall_seconds"}
+
+
+def cli(*args, timeout=600):
+    return subprocess.run([sys.executable, str(ROOT / "run_sim.py"), *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+@pytest.mark.parametrize("args", [
+    ["--taus", "1,0"],
+    ["--taus", "1,-2"],
+    ["--lr", "0"],
+    ["--lr", "-1"],
+    ["--taus", "1,2", "--num-clients", "3"],
+    ["--task", "quadratic", "--quad-a", "1,2", "--quad-b", "1,2,3", "--taus", "1,2"],
+    ["--weights", "0.5,0.6", "--taus", "1,2"],
+    ["--strategy", "nope"],
+    ["--task", "cifar"],
+    ["--delays", "gamma"],
+    ["--taus", "a,b"],
+    ["--budget", "0"],
+    ["--unknown-flag"],
+])
+def test_bad_input_exits_2_with_one_line(args):
+    r = cli(*args)
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "error" in lines[0]
+
+
+def test_json_quadratic():
+    r = cli("--task", "quadratic", "--strategy", "rescaled", "--taus", "1,2", "--quad-a", "1,2",
+            "--quad-b", "4,-3", "--lr", "0.01", "--budget", "3000", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert REQUIRED <= set(out)
+    assert out["updates_per_worker"] == [3000, 1500] and out["num_updates"] == 4500
+    assert abs(out["final_params"][0] + 2 / 3) < 0.05
+    assert out["final_time"] == 3000
+
+
+def test_outputs_written(tmp_path):
+    r = cli("--task", "quadratic", "--strategy", "vanilla", "--taus", "1,2", "--quad-a", "1,2", "--quad-b", "4,-3",
+            "--lr", "0.01", "--budget", "200", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    csvs, pngs = list(tmp_path.glob("*.csv")), list(tmp_path.glob("*.png"))
+    assert len(csvs) == 1 and len(pngs) == 1 and pngs[0].stat().st_size > 1000
+    header = csvs[0].read_text().splitlines()[0].split(",")
+    for col in ("time", "updates", "loss", "cumulative_stepsize", "updates_per_worker"):
+        assert col in header
+    assert len(csvs[0].read_text().splitlines()) == 1 + 201  # evaluations at 0, 1, ..., 200
+
+
+@pytest.mark.mnist
+def test_short_mnist_run_lowers_training_loss(mnist_cache, tmp_path):
+    r = cli("--strategy", "rescaled", "--budget", "300", "--lr", "3", "--eval-every", "50", "--json",
+            "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    rows = (tmp_path / "mnist_rescaled_lr3_seed0.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    losses = [float(row.split(",")[header.index("loss")]) for row in rows[1:]]
+    assert losses[0] > 2.0  # untrained: about ln 10
+    assert out["final_loss"] < 0.7 * losses[0]
+    assert losses == sorted(losses, reverse=True) or losses[-1] < min(losses[:2])
+    assert out["accuracy"] > 0.5
+    assert out["num_updates"] == 2 * (300 + 150 + 75 + 37 + 18)

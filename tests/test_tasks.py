@@ -1,0 +1,65 @@
+"""Tasks: the hand-written MLP gradient equals autograd's; quadratic gradients and minimisers."""
+
+import numpy as np
+import pytest
+import torch
+
+from fl_rescaled.tasks import MnistTask, QuadraticTask, build_task, client_rng, mlp_gradient, task_spec
+
+
+def test_mlp_gradient_matches_autograd():
+    rng = np.random.default_rng(0)
+    w = MnistTask().initial_params(3)
+    xb = torch.from_numpy(rng.standard_normal((64, 784)).astype(np.float32))
+    yb = torch.from_numpy(rng.integers(0, 10, 64))
+    g, loss = mlp_gradient(torch.from_numpy(w.copy()), xb, yb)
+
+    model = torch.nn.Sequential(torch.nn.Linear(784, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+    sizes = [p.numel() for p in model.parameters()]
+    with torch.no_grad():
+        for p, chunk in zip(model.parameters(), np.split(w, np.cumsum(sizes)[:-1])):
+            p.copy_(torch.from_numpy(chunk.reshape(p.shape)))
+    ref_loss = torch.nn.functional.cross_entropy(model(xb), yb)
+    ref_loss.backward()
+    ref = torch.cat([p.grad.reshape(-1) for p in model.parameters()]).numpy()
+    assert loss == pytest.approx(float(ref_loss), rel=1e-5)
+    np.testing.assert_allclose(g, ref, rtol=1e-4, atol=1e-6)
+
+
+def test_mlp_init_matches_pytorch_bounds():
+    w = MnistTask().initial_params(0)
+    assert w.dtype == np.float32 and w.shape == (101770,)
+    assert np.abs(w[:100480]).max() <= 1 / np.sqrt(784) + 1e-7
+    assert np.abs(w[100480:]).max() <= 1 / np.sqrt(128) + 1e-7
+    assert not np.array_equal(w, MnistTask().initial_params(1))
+
+
+def test_quadratic_gradient_and_minimizer():
+    t = QuadraticTask([1.0, 2.0], [4.0, -3.0], dim=2)
+    assert t.minimizer == pytest.approx(-2 / 3)
+    g, loss = t.gradient(np.array([1.0, 0.0]), 1, client_rng(0, 1, 0))
+    np.testing.assert_allclose(g, [2 * 2 * 4.0, 2 * 2 * 3.0])
+    assert loss == pytest.approx(2 * (16 + 9))
+    ev = t.evaluate(np.full(2, -2 / 3))
+    assert ev["dist"] == pytest.approx(0.0, abs=1e-12) and ev["loss_gap"] == pytest.approx(0.0, abs=1e-9)
+    w = QuadraticTask([1.0, 2.0], [4.0, -3.0], weights=[0.75, 0.25])
+    assert w.minimizer == pytest.approx((0.75 * 4 - 0.25 * 2 * 3) / (0.75 + 0.5))
+
+
+def test_noise_is_a_function_of_seed_partition_and_job():
+    t = QuadraticTask([1.0], [0.0], dim=3, noise=1.0)
+    x = np.zeros(3)
+    g1, _ = t.gradient(x, 0, client_rng(5, 0, 9))
+    g2, _ = t.gradient(x, 0, client_rng(5, 0, 9))
+    g3, _ = t.gradient(x, 0, client_rng(5, 0, 10))
+    g4, _ = t.gradient(x, 0, client_rng(5, 1, 9))
+    assert np.array_equal(g1, g2)
+    assert not np.array_equal(g1, g3) and not np.array_equal(g1, g4)
+
+
+def test_task_spec_roundtrip():
+    cfg = {"task": "quadratic", "seed": 4, "num-partitions": 2, "quad-a": [1.0, 2.0], "quad-b": [0.0, 1.0]}
+    t = build_task(task_spec(cfg))
+    assert isinstance(t, QuadraticTask) and t.seed == 4 and t.minimizer == pytest.approx(2 / 3)
+    with pytest.raises(ValueError):
+        build_task({"task": "cifar"})
