@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(description="Asynchronous SGD on Flower: Rescaled ASGD and baselines (virtual time).")
     p.add_argument("--task", default="mnist", help="mnist | quadratic (default mnist)")
     p.add_argument("--strategy", default=None,
-                   help=f"{' | '.join(STRATEGIES)} (default: rescaled and vanilla, compared)")
+                   help=f"{' | '.join(STRATEGIES)} | all (default: rescaled and vanilla, compared)")
     p.add_argument("--delays", default="fixed", help="fixed | exponential compute times (default fixed)")
     p.add_argument("--taus", type=_floats, default=None, help="compute time per client (default 1,1,2,2,4,4,...)")
     p.add_argument("--num-clients", type=int, default=None, help="number of clients (default len(taus) or 10)")
@@ -60,6 +60,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quad-x0", type=float, default=0.0, help="quadratic starting point (every coordinate)")
     p.add_argument("--noise", type=float, default=0.0, help="Gaussian gradient noise σ (quadratic)")
     p.add_argument("--delay-rule", default="inverse", help="delay-adaptive rule: inverse | authors")
+    g = p.add_argument_group("options of the comparison methods")
+    g.add_argument("--malenia-s", type=float, default=None, help="Malenia's S (default: every worker ≥ 1 gradient)")
+    g.add_argument("--ringleader-restart", action="store_true",
+                   help="Ringleader: restart non-triggering workers on the current model (the public code)")
+    g.add_argument("--concurrency", type=int, default=None, help="Concurrent ASGD's jobs in flight τ_C (n)")
+    g.add_argument("--local-steps", type=int, default=1, help="FedAsync H / FedBuff Q local SGD steps (1)")
+    g.add_argument("--fedasync-mixing", type=float, default=0.6, help="FedAsync mixing weight (0.6)")
+    g.add_argument("--fedasync-staleness", default="polynomial", help="constant | polynomial | hinge")
+    g.add_argument("--fedbuff-buffer", type=int, default=3, help="FedBuff buffer size K (3)")
+    g.add_argument("--staleness-exponent", type=float, default=0.5, help="FedBuff's p in 1/(1+δ)^p (0.5)")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last stdout line")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("-v", "--verbose", action="store_true")
@@ -69,8 +79,14 @@ def build_parser() -> argparse.ArgumentParser:
 def specs_from_args(args: argparse.Namespace) -> list[Any]:
     from fl_rescaled.experiment import RunSpec
 
-    default_run = args.strategy is None
-    strategies = ["rescaled", "vanilla"] if default_run else [args.strategy]
+    from strategies import STRATEGIES
+
+    if args.strategy is None:
+        strategies = ["rescaled", "vanilla"]
+    elif args.strategy == "all":
+        strategies = list(STRATEGIES)
+    else:
+        strategies = [args.strategy]
     specs = []
     for name in strategies:
         spec = RunSpec(
@@ -80,7 +96,10 @@ def specs_from_args(args: argparse.Namespace) -> list[Any]:
             eval_every=args.eval_every, weights=args.weights, batch_size=args.batch_size,
             dirichlet_alpha=args.dirichlet_alpha, data_dir=args.data_dir, quad_a=args.quad_a,
             quad_b=args.quad_b, quad_dim=args.quad_dim, quad_x0=args.quad_x0, noise=args.noise,
-            delay_rule=args.delay_rule, out=args.out,
+            delay_rule=args.delay_rule, out=args.out, malenia_s=args.malenia_s,
+            ringleader_restart=args.ringleader_restart, concurrency=args.concurrency, local_steps=args.local_steps,
+            fedasync_mixing=args.fedasync_mixing, fedasync_staleness=args.fedasync_staleness,
+            fedbuff_buffer=args.fedbuff_buffer, staleness_exponent=args.staleness_exponent,
             progress=not args.no_progress and sys.stderr.isatty(),
         )
         specs.append(spec.resolved())
@@ -88,16 +107,26 @@ def specs_from_args(args: argparse.Namespace) -> list[Any]:
 
 
 def print_table(outcomes: list[dict[str, Any]]) -> None:
-    head = f"{'strategy':<16}{'α':>8}{'updates':>10}{'final loss':>12}{'accuracy':>10}{'worst client':>14}{'wall s':>8}"
+    """One row per run: loss, accuracy, updates, discarded jobs, idle share, server memory, wall time."""
+    quad = outcomes[0]["task"] == "quadratic"
+    metric = "|x - x*|" if quad else "accuracy"
+    head = (f"{'strategy':<16}{'α':>7}{'final loss':>12}{metric:>10}{'worst client':>14}{'updates':>9}"
+            f"{'discarded':>10}{'idle':>7}{'memory':>8}{'wall s':>8}")
     print(head)
     print("-" * len(head))
     for o in outcomes:
-        acc = o.get("accuracy")
+        extra = o.get("dist") if quad else o.get("accuracy")
         worst = max(o["client_losses"]) if o.get("client_losses") else float("nan")
-        print(f"{o['strategy']:<16}{o['lr']:>8g}{o['num_updates']:>10}{o['final_loss']:>12.4f}"
-              f"{(acc if acc is not None else float('nan')):>10.4f}{worst:>14.4f}{o['wall_seconds']:>8.1f}")
-        if o["task"] == "quadratic":
-            print(f"{'':<16}final x = {o['final_params']}, equal-weight minimiser x* = {o['minimizer']:.6g}")
+        idle = sum(o["idle_share_per_worker"]) / max(len(o["idle_share_per_worker"]), 1)
+        print(f"{o['strategy']:<16}{o['lr']:>7g}{o['final_loss']:>12.4g}{(extra if extra is not None else float('nan')):>10.4g}"
+              f"{worst:>14.4g}{o['num_updates']:>9}{sum(o['discarded_per_worker']):>10}{idle:>7.1%}"
+              f"{o['stored_vectors_max']:>8}{o['wall_seconds']:>8.1f}")
+    print("idle: mean share of time a worker sat idle; memory: most model-sized vectors the server held;"
+          " discarded: finished or cancelled jobs whose work was thrown away")
+    if quad:
+        for o in outcomes:
+            print(f"  {o['strategy']:<14} final x = {[round(v, 6) for v in o['final_params']]}")
+        print(f"  equal-weight minimiser x* = {outcomes[0]['minimizer']:.6g}")
 
 
 def main(argv: list[str] | None = None) -> int:

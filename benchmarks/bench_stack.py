@@ -80,7 +80,7 @@ def main() -> None:
     best = {k: max(v) for k, v in rows.items()}
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.updates} updates, best of {args.repeats}")
     for k, v in best.items():
-        print(f"  {k:<28}{v:9.0f} steps/s   (all: {', '.join(f'{x:.0f}' for x in rows[k])})")
+        print(f"  {k:<28}{v:9.0f} steps/s {1e6 / v:7.0f} µs/step   (all: {', '.join(f'{x:.0f}' for x in rows[k])})")
     print(f"ratio stack / bare (same gradient):      {best['stack'] / best['bare (same gradient)']:.3f}")
     print(f"ratio stack / bare (idiomatic autograd): {best['stack'] / best['bare (idiomatic autograd)']:.3f}")
     print(f"projected 30,000-unit run (116,250 updates, no evaluation): {116250 / best['stack']:.0f} s")

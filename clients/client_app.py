@@ -7,8 +7,10 @@ number), so the same job gives the same gradient on any transport and in any pro
 
 from __future__ import annotations
 
+import threading
 import time
 
+import numpy as np
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
@@ -16,6 +18,15 @@ from fl_rescaled.messages import MODEL_KEY, decode_vector, reply_content
 from fl_rescaled.tasks import client_rng, get_task
 
 app = ClientApp()
+_BUFFERS = threading.local()
+
+
+def _gradient_buffer(size: int) -> np.ndarray:
+    """This thread's float32 gradient buffer (reused: each reply is encoded before the next job)."""
+    buf = getattr(_BUFFERS, "grad", None)
+    if buf is None or buf.shape[0] != size:
+        buf = _BUFFERS.grad = np.empty(size, dtype=np.float32)
+    return buf
 
 
 def partition_id(context: Context) -> int:
@@ -35,12 +46,17 @@ def hello(msg: Message, context: Context) -> Message:
 def train(msg: Message, context: Context) -> Message:
     """Compute one stochastic gradient at the received model and send it back."""
     t0 = time.perf_counter()
-    cfg: ConfigRecord = msg.content["config"]
+    content = msg.content
+    cfg: ConfigRecord = content["config"]
     task = get_task(str(cfg["task"]))
     pid = partition_id(context)
-    x = decode_vector(msg.content["arrays"][MODEL_KEY])
+    x = decode_vector(content["arrays"][MODEL_KEY])
     rng = client_rng(task.seed, pid, int(cfg["job-seq"]))
-    grad, loss = task.gradient(x, pid, rng, task.batch_size)
+    if task.name == "mnist":
+        # The reply copies the gradient, so one buffer per thread can take every job's gradient.
+        grad, loss = task.gradient(x, pid, rng, task.batch_size, out=_gradient_buffer(task.size))
+    else:
+        grad, loss = task.gradient(x, pid, rng, task.batch_size)
     metrics = {
         "loss": float(loss),
         "batch-size": task.batch_size,

@@ -11,7 +11,10 @@ from .stepsizes import delay_adaptive_stepsize, rescaled_stepsize, vanilla_steps
 
 # The strategies live in the top-level ``strategies`` package (which imports this one); they are
 # re-exported here lazily so either package can be imported first.
-_FROM_STRATEGIES = {"STRATEGIES", "AsyncStrategy", "ASGD", "DelayAdaptiveASGD", "RescaledASGD", "VanillaASGD"}
+_FROM_STRATEGIES = {
+    "STRATEGIES", "AsyncStrategy", "ASGD", "ConcurrentASGD", "DelayAdaptiveASGD", "FedAsync", "FedBuff",
+    "MaleniaSGD", "MinibatchSGD", "RescaledASGD", "RingleaderASGD", "VanillaASGD",
+}
 
 
 def __getattr__(name: str):
@@ -29,8 +32,14 @@ __all__ = [
     "AsyncClientManager",
     "AsyncStrategy",
     "Completion",
+    "ConcurrentASGD",
     "DelayAdaptiveASGD",
     "DelayModel",
+    "FedAsync",
+    "FedBuff",
+    "MaleniaSGD",
+    "MinibatchSGD",
+    "RingleaderASGD",
     "InProcessGrid",
     "Job",
     "RescaledASGD",

@@ -51,6 +51,19 @@ class RunSpec:
     quad_x0: float = 0.0
     noise: float = 0.0
     delay_rule: str = "inverse"
+    # options of the comparison methods (algorithms.md; defaults there)
+    malenia_s: float | None = None  # None: every worker ≥ 1 gradient per round
+    ringleader_restart: bool = False  # the public code's "restart on the current model"
+    concurrency: int | None = None  # Concurrent ASGD's τ_C (default n)
+    local_steps: int = 1  # FedAsync H / FedBuff Q
+    fedasync_mixing: float = 0.6
+    fedasync_staleness: str = "polynomial"
+    fedasync_a: float = 0.5
+    fedasync_b: int = 4
+    fedasync_prox: float = 0.0
+    fedbuff_buffer: int = 3
+    fedbuff_server_lr: float = 1.0
+    staleness_exponent: float = 0.5  # FedBuff's p
     out: str | None = None
     progress: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
@@ -105,6 +118,9 @@ class RunSpec:
                 raise ValueError("--quad-a values must be positive")
             if s.quad_dim < 1:
                 raise ValueError("--quad-dim must be at least 1")
+        if s.concurrency is not None and not 1 <= s.concurrency <= s.num_clients:
+            raise ValueError(f"--concurrency must be in 1..{s.num_clients}")
+        make_strategy(s)  # the strategy's own checks of its options
         return s
 
     def task_config(self) -> dict[str, Any]:
@@ -127,14 +143,26 @@ class RunSpec:
 
 
 def make_strategy(spec: RunSpec):
-    from strategies import STRATEGIES
+    import strategies as S
 
-    cls = STRATEGIES[spec.strategy]
-    if spec.strategy == "rescaled":
-        return cls(spec.lr, weights=spec.weights)
-    if spec.strategy == "delay-adaptive":
-        return cls(spec.lr, rule=spec.delay_rule)
-    return cls(spec.lr)
+    name, lr = spec.strategy, spec.lr
+    if name == "rescaled":
+        return S.RescaledASGD(lr, weights=spec.weights)
+    if name == "delay-adaptive":
+        return S.DelayAdaptiveASGD(lr, rule=spec.delay_rule)
+    if name == "malenia":
+        return S.MaleniaSGD(lr, S=spec.malenia_s)
+    if name == "ringleader":
+        return S.RingleaderASGD(lr, restart_on_current=spec.ringleader_restart)
+    if name == "concurrent":
+        return S.ConcurrentASGD(lr, seed=spec.seed, concurrency=spec.concurrency)
+    if name == "fedasync":
+        return S.FedAsync(lr, mixing=spec.fedasync_mixing, local_steps=spec.local_steps, prox=spec.fedasync_prox,
+                          staleness=spec.fedasync_staleness, a=spec.fedasync_a, b=spec.fedasync_b)
+    if name == "fedbuff":
+        return S.FedBuff(lr, buffer_size=spec.fedbuff_buffer, local_steps=spec.local_steps,
+                         server_lr=spec.fedbuff_server_lr, staleness_exponent=spec.staleness_exponent)
+    return S.STRATEGIES[name](lr)
 
 
 def make_evaluate_fn(task):
@@ -192,6 +220,11 @@ def run(spec: RunSpec, grid: Grid | None = None, *, clock: VirtualClock | WallCl
         "final_loss": final.get("loss"),
         "client_losses": final.get("client_losses"),
         "rejected": dict(manager.rejections),
+        "discarded_per_worker": final["discarded_per_worker"],
+        "wasted_time": final.get("wasted_time", 0.0),
+        "idle_share_per_worker": final["idle_share_per_worker"],
+        "lost_per_worker": final["lost_per_worker"],
+        "stored_vectors_max": max(h["stored_vectors"] for h in strategy.history),
         "wall_seconds": wall,
         "tau_stats": tau_stats(spec.taus),
     }

@@ -30,6 +30,12 @@ def tune_allocator() -> bool:
     Every update allocates a few model-sized (~400 KB) buffers; above glibc's mmap threshold each
     one is a fresh mapping whose pages fault in on first touch, which costs more than the copy.
     Raising the mmap and trim thresholds lets those buffers be reused. No-op off glibc.
+
+    Called at run time, ``mallopt`` does take effect for later allocations (checked with
+    ``mallinfo2``: 0.4–40 MB blocks move from mmap to the heap, as with the
+    ``MALLOC_MMAP_THRESHOLD_`` environment variable set at start-up). In a long run it matters
+    little: glibc's dynamic threshold already rises past 400 KB after the first such buffer is
+    freed, and a run measured ~0.02 minor page faults per update with or without it.
     """
     global _ALLOCATOR_TUNED  # noqa: PLW0603
     if _ALLOCATOR_TUNED:

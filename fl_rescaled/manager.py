@@ -18,6 +18,7 @@ import math
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,9 @@ from .messages import (
 )
 
 log = logging.getLogger("fl_rescaled")
+
+#: Virtual-clock order of completions: finishing time, then worker index, then job id.
+_COMPLETION_ORDER = attrgetter("finish_time", "worker", "job_id")
 
 
 @dataclass
@@ -114,6 +118,7 @@ class AsyncClientManager:
         self._arrival_order: deque[str] = deque()
         self._finished_ids: set[str] = set()
         self._encoded: tuple[int, Array] | None = None  # (version, encoded model)
+        self._virtual_taus: list[float] | None = None  # the delay model's means (they never change)
 
     # ------------------------------------------------------------------ workers
     @property
@@ -166,7 +171,10 @@ class AsyncClientManager:
     def tau_estimates(self) -> list[float]:
         """Mean compute time per worker: exact in simulation, estimated online on the wall clock."""
         if self.clock.virtual:
-            return [self.clock.mean_duration(i) for i in range(self.num_workers)]
+            taus = self._virtual_taus
+            if taus is None or len(taus) != len(self.books):
+                taus = self._virtual_taus = [self.clock.mean_duration(i) for i in range(self.num_workers)]
+            return list(taus)
         return [b.tau_estimate for b in self.books]
 
     # ------------------------------------------------------------------ jobs
@@ -176,28 +184,28 @@ class AsyncClientManager:
         A model of the version last encoded is not serialised again.
         """
         book = self.books[worker]
-        now = self.clock.now
-        job = Job(self._next_job_id, worker, version, book.jobs_sent, now)
+        clock = self.clock
+        now = clock.now
+        seq = book.jobs_sent
+        job = Job(self._next_job_id, worker, version, seq, now)
         self._next_job_id += 1
-        book.jobs_sent += 1
-        if self.clock.virtual:
-            job.start_time = max(now, book.free_at)
-            job.finish_time = job.start_time + self.clock.job_duration(worker)
-            book.free_at = job.finish_time
-        if self._encoded is None or self._encoded[0] != version:
-            self._encoded = (version, encode_vector(model))
-        cfg = dict(self.train_config)
-        if config:
-            cfg.update(config)
-        cfg.update({"job-id": job.job_id, "worker": worker, "version": version, "job-seq": job.seq})
+        book.jobs_sent = seq + 1
+        if clock.virtual:
+            job.start_time = start = max(now, book.free_at)
+            job.finish_time = book.free_at = start + clock.job_duration(worker)
+        encoded = self._encoded
+        if encoded is None or encoded[0] != version:
+            encoded = self._encoded = (version, encode_vector(model))
+        tag = {"job-id": job.job_id, "worker": worker, "version": version, "job-seq": seq}
+        cfg = {**self.train_config, **config, **tag} if config else {**self.train_config, **tag}
         msg = Message(
-            job_content(self._encoded[1], cfg),
+            job_content(encoded[1], cfg),
             book.node_id,
             JOB_TYPE,
             ttl=self.ttl,
             group_id=str(version),
         )
-        (mid,) = list(self.grid.push_messages([msg]))
+        (mid,) = self.grid.push_messages([msg])
         job.message_id = mid
         job.pushed_at = time.monotonic()
         self.inflight[mid] = job
@@ -225,7 +233,7 @@ class AsyncClientManager:
         if not self.inflight:
             return None
         if self.clock.virtual:
-            job = min(self.inflight.values(), key=lambda j: (j.finish_time, j.worker, j.job_id))
+            job = min(self.inflight.values(), key=_COMPLETION_ORDER)
             if job.finish_time > budget:
                 return None
             reply = self._await(job)

@@ -29,6 +29,10 @@ MODEL_KEY = "model"
 UPDATE_KEY = "update"
 
 _HEADERS: dict[tuple[str, tuple[int, ...]], bytes] = {}
+# (dtype, length) -> (.npy header, dtype name, shape): everything a flat vector's Array needs.
+_FLAT: dict[tuple[np.dtype, int], tuple[bytes, str, tuple[int]]] = {}
+# (dtype name, length) -> (.npy header, dtype, expected data length), for decoding.
+_FLAT_DECODE: dict[tuple[str, int], tuple[bytes, np.dtype, int]] = {}
 
 
 def _npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
@@ -43,17 +47,23 @@ def _npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
     return hdr
 
 
+def _flat_layout(dtype: np.dtype, n: int) -> tuple[bytes, str, tuple[int]]:
+    key = (dtype, n)
+    ent = _FLAT.get(key)
+    if ent is None:
+        ent = _FLAT[key] = (_npy_header(dtype, (n,)), str(dtype), (n,))
+    return ent
+
+
 def encode_vector(vec: np.ndarray) -> Array:
     """Wrap a 1-D array as a Flower ``Array`` (valid ``.npy`` bytes; a snapshot copy)."""
-    vec = np.ascontiguousarray(vec)
+    if type(vec) is not np.ndarray or not vec.flags.c_contiguous:
+        vec = np.ascontiguousarray(vec)
     if vec.ndim != 1:
         raise ValueError("encode_vector takes a flat (1-D) array")
-    return Array(
-        dtype=str(vec.dtype),
-        shape=(int(vec.shape[0]),),
-        stype="numpy.ndarray",
-        data=b"".join((_npy_header(vec.dtype, vec.shape), memoryview(vec).cast("B"))),
-    )
+    hdr, dtype, shape = _flat_layout(vec.dtype, vec.shape[0])
+    # One copy: the header and the raw buffer joined straight into the new bytes object.
+    return Array(dtype=dtype, shape=shape, stype="numpy.ndarray", data=b"".join((hdr, vec)))
 
 
 def decode_vector(arr: Array) -> np.ndarray:
@@ -61,12 +71,24 @@ def decode_vector(arr: Array) -> np.ndarray:
 
     Falls back to Flower's own ``.numpy()`` for anything but our fast layout.
     """
-    if arr.stype == "numpy.ndarray" and len(arr.shape) == 1:
-        dtype = np.dtype(arr.dtype)
-        hdr = _npy_header(dtype, (int(arr.shape[0]),))
-        data = arr.data
-        if data[: len(hdr)] == hdr and len(data) == len(hdr) + dtype.itemsize * arr.shape[0]:
-            return np.frombuffer(data, dtype=dtype, offset=len(hdr))
+    shape = arr.shape
+    if len(shape) == 1 and arr.stype == "numpy.ndarray":
+        key = (arr.dtype, shape[0])
+        ent = _FLAT_DECODE.get(key)
+        if ent is None:
+            try:
+                dtype = np.dtype(arr.dtype)
+                n = int(shape[0])
+                hdr = _npy_header(dtype, (n,))
+                if not dtype.hasobject:
+                    ent = _FLAT_DECODE[key] = (hdr, dtype, len(hdr) + dtype.itemsize * n)
+            except (TypeError, ValueError):
+                ent = None
+        if ent is not None:
+            hdr, dtype, size = ent
+            data = arr.data
+            if len(data) == size and data.startswith(hdr):
+                return np.frombuffer(data, dtype=dtype, offset=len(hdr))
     return arr.numpy().reshape(-1)
 
 
@@ -107,10 +129,16 @@ def parse_reply(reply: Message, job_id: int, size: int) -> tuple[np.ndarray, dic
     if not reply.has_content():
         raise RejectedReply("no-content")
     content = reply.content
+    # Direct lookups (RecordDict's array_records/metric_records views are rebuilt on every access).
     try:
-        arrays = content.array_records["update"]
+        arrays = content["update"]
+        metrics_rec = content["metrics"]
+        if not isinstance(arrays, ArrayRecord):
+            raise KeyError("update")
+        if not isinstance(metrics_rec, MetricRecord):
+            raise KeyError("metrics")
         arr = arrays[UPDATE_KEY]
-        metrics = dict(content.metric_records["metrics"])
+        metrics = dict(metrics_rec.items())
     except (KeyError, TypeError) as exc:
         raise RejectedReply("malformed", f"missing {exc}") from None
     if int(metrics.get("job-id", -1)) != job_id:

@@ -1,8 +1,14 @@
 """Asynchronous strategies: subclasses of Flower's ``Strategy`` driven by ``start``."""
 
 from .base import ASGD, AsyncStrategy
+from .concurrent import ConcurrentASGD
 from .delay_adaptive import DelayAdaptiveASGD
+from .fedasync import FedAsync
+from .fedbuff import FedBuff
+from .malenia import MaleniaSGD
+from .minibatch import MinibatchSGD
 from .rescaled import RescaledASGD
+from .ringleader import RingleaderASGD
 from .vanilla import VanillaASGD
 
 #: Command-line name → strategy class.
@@ -10,6 +16,25 @@ STRATEGIES = {
     "rescaled": RescaledASGD,
     "vanilla": VanillaASGD,
     "delay-adaptive": DelayAdaptiveASGD,
+    "malenia": MaleniaSGD,
+    "ringleader": RingleaderASGD,
+    "minibatch": MinibatchSGD,
+    "concurrent": ConcurrentASGD,
+    "fedasync": FedAsync,
+    "fedbuff": FedBuff,
 }
 
-__all__ = ["ASGD", "AsyncStrategy", "DelayAdaptiveASGD", "RescaledASGD", "STRATEGIES", "VanillaASGD"]
+__all__ = [
+    "ASGD",
+    "STRATEGIES",
+    "AsyncStrategy",
+    "ConcurrentASGD",
+    "DelayAdaptiveASGD",
+    "FedAsync",
+    "FedBuff",
+    "MaleniaSGD",
+    "MinibatchSGD",
+    "RescaledASGD",
+    "RingleaderASGD",
+    "VanillaASGD",
+]

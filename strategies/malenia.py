@@ -1,0 +1,71 @@
+"""Malenia SGD (Tyurin & Richtárik, 2023): synchronous rounds, asynchronous gathering.
+
+During round k every worker keeps computing gradients at the same x^k; the server sums them per
+worker (G_i, B_i). The round closes at the first arrival that makes the harmonic mean of the
+counts exceed S/n (by default: as soon as every worker has delivered at least one gradient). The
+step uses the equal-weight average of the per-worker means, (1/n) Σ G_i / B_i, which is unbiased
+for (1/n) Σ F_i; then every worker is restarted on x^{k+1} and the jobs still running are
+cancelled (their work is booked as discarded). One step of size α per round.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fl_rescaled.manager import Completion
+
+from .base import AsyncStrategy
+
+
+class MaleniaSGD(AsyncStrategy):
+    name = "malenia"
+
+    def __init__(self, lr: float, S: float | None = None) -> None:
+        super().__init__(lr)
+        self.S = S  # None: the "every worker delivered ≥ 1 gradient" rule
+        self.rounds = 0
+
+    def describe(self) -> dict:
+        return {**super().describe(), "S": self.S}
+
+    def stored_vectors(self) -> int:
+        return self.n  # one gradient accumulator per worker
+
+    def on_start(self) -> None:
+        self.G = np.zeros((self.n, self.x.size), dtype=self.x.dtype)
+        self.B = np.zeros(self.n, dtype=np.int64)
+        self.round_version = 0
+        for worker in range(self.n):
+            self.submit(worker)
+
+    def _round_done(self) -> bool:
+        if np.any(self.B == 0):
+            return False
+        if self.S is None:
+            return True
+        harmonic = 1.0 / np.mean(1.0 / self.B)
+        return harmonic > self.S / self.n
+
+    def on_completion(self, comp: Completion) -> None:
+        assert comp.update is not None and self.manager is not None
+        if comp.job.version < self.round_version:
+            # A late job of an earlier round (on the wall clock a running job cannot be stopped,
+            # only ignored); its worker already holds a job on the current model.
+            self.manager.discard(comp.job)
+            return
+        i = comp.worker
+        self.G[i] += comp.update
+        self.B[i] += 1
+        if not self._round_done():
+            self.manager.resend(i)  # keep computing on the same x^k
+            return
+        g_hat = (self.G / self.B[:, None]).mean(axis=0)
+        self.apply(i, g_hat, self.lr)
+        self.rounds += 1
+        self.round_version = self.manager.version
+        self.G[:] = 0
+        self.B[:] = 0
+        for job in self.manager.pending_jobs():
+            self.manager.cancel(job)
+        for worker in range(self.n):
+            self.submit(worker)
