@@ -15,7 +15,7 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fl_rescaled.messages import MODEL_KEY, decode_vector, reply_content
-from fl_rescaled.tasks import client_rng, get_task
+from fl_rescaled.tasks import client_rng, get_task, local_sgd
 
 app = ClientApp()
 _BUFFERS = threading.local()
@@ -44,7 +44,11 @@ def hello(msg: Message, context: Context) -> Message:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    """Compute one stochastic gradient at the received model and send it back."""
+    """Compute one stochastic gradient at the received model and send it back.
+
+    With ``mode = "local"`` in the config, run ``local-steps`` SGD steps at ``local-lr`` (with
+    proximal weight ``prox``) instead and send back the model delta Δ = x − y_Q.
+    """
     t0 = time.perf_counter()
     content = msg.content
     cfg: ConfigRecord = content["config"]
@@ -52,7 +56,10 @@ def train(msg: Message, context: Context) -> Message:
     pid = partition_id(context)
     x = decode_vector(content["arrays"][MODEL_KEY])
     rng = client_rng(task.seed, pid, int(cfg["job-seq"]))
-    if task.name == "mnist":
+    if cfg.get("mode", "gradient") == "local":
+        grad, loss = local_sgd(task, x, pid, rng, int(cfg["local-steps"]), float(cfg["local-lr"]),
+                               float(cfg.get("prox", 0.0)))
+    elif task.name == "mnist":
         # The reply copies the gradient, so one buffer per thread can take every job's gradient.
         grad, loss = task.gradient(x, pid, rng, task.batch_size, out=_gradient_buffer(task.size))
     else:

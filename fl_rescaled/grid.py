@@ -135,6 +135,12 @@ class InProcessGrid(Grid):
                 replies.append(self._execute(msg))
         return replies
 
+    def discard_messages(self, message_ids: Iterable[str]) -> None:
+        """Forget messages whose replies are no longer wanted (not part of Flower's Grid API;
+        the client manager uses it, when present, for cancelled jobs)."""
+        for mid in message_ids:
+            self._pending.pop(mid, None)
+
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         del timeout
         return self.pull_messages(list(self.push_messages(messages)))

@@ -30,6 +30,7 @@ from .messages import (
     HELLO_TYPE,
     JOB_TYPE,
     RejectedReply,
+    decode_vector,
     encode_vector,
     hello_content,
     job_content,
@@ -53,6 +54,7 @@ class Job:
     finish_time: float = math.nan  # virtual clock only
     message_id: str = ""
     pushed_at: float = 0.0  # wall-clock seconds (time.monotonic)
+    model: Array | None = None  # the encoded model this job carries (shared, never copied)
 
 
 @dataclass
@@ -82,10 +84,13 @@ class WorkerBook:
     jobs_done: int = 0
     rejected: int = 0
     lost: int = 0
-    discarded: int = 0
-    busy_done: float = 0.0  # compute time of finished jobs
+    discarded: int = 0  # jobs whose (partial) work was thrown away
+    wasted: float = 0.0  # compute time of those jobs
+    busy_done: float = 0.0  # compute time of finished or cancelled jobs
     free_at: float = 0.0  # virtual time at which the worker's queue empties
     tau_estimate: float = math.nan  # online mean compute time (wall clock)
+    last_version: int = -1  # the model version this worker was last sent ...
+    last_model: Array | None = None  # ... and that model, encoded
 
 
 class AsyncClientManager:
@@ -118,6 +123,7 @@ class AsyncClientManager:
         self._arrival_order: deque[str] = deque()
         self._finished_ids: set[str] = set()
         self._encoded: tuple[int, Array] | None = None  # (version, encoded model)
+        self._cancelled: dict[str, Job] = {}  # cancelled jobs whose replies may still arrive
         self._virtual_taus: list[float] | None = None  # the delay model's means (they never change)
 
     # ------------------------------------------------------------------ workers
@@ -181,35 +187,73 @@ class AsyncClientManager:
     def submit(self, worker: int, model: np.ndarray, version: int, config: dict | None = None) -> Job:
         """Send ``worker`` a job on ``model`` (whose server version is ``version``).
 
-        A model of the version last encoded is not serialised again.
+        A model of the version last encoded is not serialised again. If the worker is still busy
+        the job queues behind its current ones (first in, first out).
         """
+        encoded = self._encoded
+        if encoded is None or encoded[0] != version:
+            encoded = self._encoded = (version, encode_vector(model))
+        return self._push(worker, version, encoded[1], config)
+
+    def resend(self, worker: int, config: dict | None = None) -> Job:
+        """Give ``worker`` another job on the model it was last sent (same version, not re-encoded)."""
+        book = self.books[worker]
+        if book.last_model is None:
+            raise RuntimeError(f"worker {worker} has not been sent a model yet")
+        return self._push(worker, book.last_version, book.last_model, config)
+
+    def model_of(self, job: Job) -> np.ndarray:
+        """The model a job was computed on (a read-only view of its message's bytes)."""
+        assert job.model is not None
+        return decode_vector(job.model)
+
+    def _push(self, worker: int, version: int, model: Array, config: dict | None) -> Job:
         book = self.books[worker]
         clock = self.clock
         now = clock.now
         seq = book.jobs_sent
-        job = Job(self._next_job_id, worker, version, seq, now)
+        job = Job(self._next_job_id, worker, version, seq, now, model=model)
         self._next_job_id += 1
         book.jobs_sent = seq + 1
+        book.last_version, book.last_model = version, model
         if clock.virtual:
             job.start_time = start = max(now, book.free_at)
             job.finish_time = book.free_at = start + clock.job_duration(worker)
-        encoded = self._encoded
-        if encoded is None or encoded[0] != version:
-            encoded = self._encoded = (version, encode_vector(model))
         tag = {"job-id": job.job_id, "worker": worker, "version": version, "job-seq": seq}
         cfg = {**self.train_config, **config, **tag} if config else {**self.train_config, **tag}
-        msg = Message(
-            job_content(encoded[1], cfg),
-            book.node_id,
-            JOB_TYPE,
-            ttl=self.ttl,
-            group_id=str(version),
-        )
+        msg = Message(job_content(model, cfg), book.node_id, JOB_TYPE, ttl=self.ttl, group_id=str(version))
         (mid,) = self.grid.push_messages([msg])
         job.message_id = mid
         job.pushed_at = time.monotonic()
         self.inflight[mid] = job
         return job
+
+    def cancel(self, job: Job) -> None:
+        """Stop a job in flight; its work so far is booked as discarded.
+
+        On the virtual clock the worker is free at once. A transport cannot stop a remote
+        computation, so the reply may still come: it is then dropped on arrival. An in-process
+        Grid with ``discard_messages`` does not compute it at all.
+        """
+        if self.inflight.pop(job.message_id, None) is None:
+            return
+        book = self.books[job.worker]
+        if self.clock.virtual:
+            now = self.clock.now
+            elapsed = max(0.0, min(now, job.finish_time) - job.start_time)
+            book.busy_done += elapsed
+            if elapsed > 0:
+                book.discarded += 1
+                book.wasted += elapsed
+            if job.finish_time >= book.free_at:  # the worker's last job: it is free from now on
+                book.free_at = min(book.free_at, max(now, job.start_time))
+            self._finished_ids.add(job.message_id)
+            discard = getattr(self.grid, "discard_messages", None)
+            if discard is not None:
+                discard([job.message_id])
+        else:
+            self._cancelled[job.message_id] = job
+            book.discarded += 1
 
     def record_update(self, worker: int, stepsize: float) -> None:
         """Book one applied server update triggered by ``worker`` (k += 1)."""
@@ -221,7 +265,10 @@ class AsyncClientManager:
 
     def discard(self, job: Job) -> None:
         """Book a finished job whose result the strategy does not use (e.g. an obsolete round)."""
-        self.books[job.worker].discarded += 1
+        book = self.books[job.worker]
+        book.discarded += 1
+        if self.clock.virtual:
+            book.wasted += job.finish_time - job.start_time
 
     def pending_jobs(self, worker: int | None = None) -> list[Job]:
         jobs = self.inflight.values()
@@ -298,6 +345,14 @@ class AsyncClientManager:
         """Buffer pulled replies; reject those that answer no job in flight."""
         for rep in replies:
             mid = rep.metadata.reply_to_message_id
+            if mid in self._cancelled:  # a cancelled job finished anyway: drop it
+                job = self._cancelled.pop(mid)
+                self._finished_ids.add(mid)
+                if rep.has_content() and "metrics" in rep.content:
+                    spent = float(rep.content["metrics"].get("compute-time", 0.0)) / self.clock.time_unit
+                    self.books[job.worker].wasted += spent
+                    self.books[job.worker].busy_done += spent
+                continue
             if mid in self.inflight and mid not in self._arrived:
                 self._arrived[mid] = rep
                 self._arrival_order.append(mid)
@@ -364,5 +419,6 @@ class AsyncClientManager:
             "rejected": dict(self.rejections),
             "lost_per_worker": [b.lost for b in self.books],
             "discarded_per_worker": [b.discarded for b in self.books],
+            "wasted_time": sum(b.wasted for b in self.books),
             "idle_share_per_worker": [self.idle_share(i, t) for i in range(self.num_workers)],
         }

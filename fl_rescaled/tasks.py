@@ -283,6 +283,27 @@ def mlp_gradient(w, xb, yb, out=None):
 _SPLITS = (100352, 128, 1280, 10)  # W1 (128×784), b1, W2 (10×128), b2
 
 
+def local_sgd(task, x: np.ndarray, worker: int, rng: np.random.Generator, steps: int, lr: float,
+              prox: float = 0.0) -> tuple[np.ndarray, float]:
+    """Q local SGD steps from ``x`` on F_i(y) + (prox/2)‖y − x‖²; returns (Δ = x − y_Q, mean loss).
+
+    Δ is accumulated as Σ_q lr · (g_q + prox · (y_q − x)), which is exactly ``lr · g`` for one
+    step, so FedBuff with Q = 1 reproduces a plain ASGD step bit for bit.
+    """
+    x = np.asarray(x)
+    delta = np.zeros(x.shape, dtype=x.dtype)
+    y = x
+    losses = []
+    for _ in range(int(steps)):
+        g, loss = task.gradient(y, worker, rng, task.batch_size)
+        losses.append(float(loss))
+        if prox:
+            g = g + prox * (y - x)
+        delta += (lr * g).astype(x.dtype, copy=False)
+        y = x - delta
+    return delta, float(np.mean(losses)) if losses else 0.0
+
+
 # ---------------------------------------------------------------------------- config and cache
 _CACHE: dict[tuple, Any] = {}
 _CACHE_LOCK = threading.Lock()

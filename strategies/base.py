@@ -94,14 +94,18 @@ class AsyncStrategy(Strategy):
         assert self.manager is not None
         self.manager.submit(worker, self.x, self.manager.version, config)
 
-    def apply(self, worker: int, update: np.ndarray, stepsize: float) -> None:
-        """x ← x − stepsize · update, booked as one server update triggered by ``worker``."""
+    def apply(self, worker: int, update: np.ndarray, stepsize: float, booked: float | None = None) -> None:
+        """x ← x − stepsize · update, booked as one server update triggered by ``worker``.
+
+        ``booked`` is the stepsize entered in the cumulative-stepsize books when it differs from
+        the multiplier (methods whose update is not a raw gradient); default ``stepsize``.
+        """
         if self._scratch.shape != self.x.shape:
             self._scratch = np.empty_like(self.x)
         np.multiply(update, stepsize, out=self._scratch, casting="same_kind")
         np.subtract(self.x, self._scratch, out=self.x)
         assert self.manager is not None
-        self.manager.record_update(worker, stepsize)
+        self.manager.record_update(worker, stepsize if booked is None else booked)
 
     # ---------------------------------------------------------------- Flower's round API
     # Asynchronous strategies have no rounds: the whole run happens inside ``start``. These four
