@@ -60,6 +60,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quad-x0", type=float, default=0.0, help="quadratic starting point (every coordinate)")
     p.add_argument("--noise", type=float, default=0.0, help="Gaussian gradient noise σ (quadratic)")
     p.add_argument("--delay-rule", default="inverse", help="delay-adaptive rule: inverse | authors")
+    t = p.add_argument_group("transport and time")
+    t.add_argument("--engine", default="inprocess",
+                   help="inprocess (default: our in-process Grid) | flower (Flower's Simulation Engine)")
+    t.add_argument("--clock", default="virtual", help="virtual (simulated time) | wall (arrival order)")
+    t.add_argument("--time-unit", type=float, default=1.0, help="wall clock: seconds per time unit (1)")
+    t.add_argument("--emulate", default="", help="wall clock: fixed | exponential emulated compute times")
+    t.add_argument("--tau-estimator", default="interval", help="wall clock: interval | compute (interval)")
+    t.add_argument("--ttl", type=float, default=3600.0, help="seconds before a job counts as lost (3600)")
+    t.add_argument("--jobs-per-node", type=int, default=1, help="wall clock: jobs in flight per node (1)")
     g = p.add_argument_group("options of the comparison methods")
     g.add_argument("--malenia-s", type=float, default=None, help="Malenia's S (default: every worker ≥ 1 gradient)")
     g.add_argument("--ringleader-restart", action="store_true",
@@ -100,6 +109,8 @@ def specs_from_args(args: argparse.Namespace) -> list[Any]:
             ringleader_restart=args.ringleader_restart, concurrency=args.concurrency, local_steps=args.local_steps,
             fedasync_mixing=args.fedasync_mixing, fedasync_staleness=args.fedasync_staleness,
             fedbuff_buffer=args.fedbuff_buffer, staleness_exponent=args.staleness_exponent,
+            clock=args.clock, time_unit=args.time_unit, emulate=args.emulate, tau_estimator=args.tau_estimator,
+            ttl=args.ttl, jobs_per_node=args.jobs_per_node,
             progress=not args.no_progress and sys.stderr.isatty(),
         )
         specs.append(spec.resolved())
@@ -137,10 +148,17 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(name).setLevel(logging.INFO if args.verbose else logging.ERROR)
     try:
         specs = specs_from_args(args)
+        if args.engine not in ("inprocess", "flower"):
+            raise ValueError(f"unknown engine {args.engine!r}; choose inprocess or flower")
     except ValueError as exc:
         sys.stderr.write(f"run_sim.py: error: {exc}\n")
         return 2
-    from fl_rescaled.experiment import run, to_json
+    from fl_rescaled.experiment import to_json
+
+    if args.engine == "flower":
+        from fl_rescaled.flower_sim import run_on_flower as run
+    else:
+        from fl_rescaled.experiment import run
 
     outcomes = []
     for spec in specs:

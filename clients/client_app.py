@@ -42,6 +42,22 @@ def hello(msg: Message, context: Context) -> Message:
     return Message(RecordDict({"hello": MetricRecord(info)}), reply_to=msg)
 
 
+def _emulate_compute_time(kind: str, cfg: ConfigRecord, context: Context, seed: int, pid: int, seq: int,
+                          t0: float) -> None:
+    """Make this job take τ_i time units in all (fixed) or an Exp(mean τ_i) draw (exponential).
+
+    τ_i comes from the node config key ``tau`` when the node sets it, else from the job config.
+    The draw has its own generator, so the gradient's randomness is the same with or without it.
+    """
+    tau = float(context.node_config.get("tau", cfg.get("tau", 1.0)))
+    unit = float(cfg.get("time-unit", 1.0))
+    if kind == "exponential":
+        tau = float(np.random.default_rng((seed & 0xFFFFFFFF, 0xE3A1, pid, seq)).exponential(tau))
+    remaining = tau * unit - (time.perf_counter() - t0)
+    if remaining > 0:
+        time.sleep(remaining)
+
+
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Compute one stochastic gradient at the received model and send it back.
@@ -64,6 +80,9 @@ def train(msg: Message, context: Context) -> Message:
         grad, loss = task.gradient(x, pid, rng, task.batch_size, out=_gradient_buffer(task.size))
     else:
         grad, loss = task.gradient(x, pid, rng, task.batch_size)
+    emulate = cfg.get("emulate", "")
+    if emulate:
+        _emulate_compute_time(str(emulate), cfg, context, task.seed, pid, int(cfg["job-seq"]), t0)
     metrics = {
         "loss": float(loss),
         "batch-size": task.batch_size,

@@ -64,6 +64,13 @@ class RunSpec:
     fedbuff_buffer: int = 3
     fedbuff_server_lr: float = 1.0
     staleness_exponent: float = 0.5  # FedBuff's p
+    # transport and time (Flower runtimes, deployment)
+    clock: str = "virtual"  # "virtual" (simulated time) | "wall" (arrival order, online τ estimates)
+    time_unit: float = 1.0  # wall clock: seconds per time unit (budget, τ and emulated delays use it)
+    emulate: str = ""  # wall clock: "" | "fixed" | "exponential": clients sleep τ_i time units per job
+    tau_estimator: str = "interval"  # wall clock: "interval" (between deliveries) | "compute" (reported)
+    ttl: float = 3600.0  # seconds a job may take before it counts as lost
+    jobs_per_node: int = 1  # wall clock: jobs kept in flight per node
     out: str | None = None
     progress: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
@@ -118,6 +125,14 @@ class RunSpec:
                 raise ValueError("--quad-a values must be positive")
             if s.quad_dim < 1:
                 raise ValueError("--quad-dim must be at least 1")
+        if s.clock not in ("virtual", "wall"):
+            raise ValueError("--clock must be virtual or wall")
+        if s.emulate not in ("", "fixed", "exponential"):
+            raise ValueError("--emulate must be fixed or exponential")
+        if s.tau_estimator not in ("interval", "compute"):
+            raise ValueError("--tau-estimator must be interval or compute")
+        if not (s.time_unit > 0 and s.ttl > 0 and s.jobs_per_node >= 1):
+            raise ValueError("--time-unit and --ttl must be positive and --jobs-per-node at least 1")
         if s.concurrency is not None and not 1 <= s.concurrency <= s.num_clients:
             raise ValueError(f"--concurrency must be in 1..{s.num_clients}")
         make_strategy(s)  # the strategy's own checks of its options
@@ -184,17 +199,30 @@ def run(spec: RunSpec, grid: Grid | None = None, *, clock: VirtualClock | WallCl
 
         from .grid import InProcessGrid
 
-        grid = InProcessGrid(client_app, spec.num_clients, seed=spec.seed)
+        # On the wall clock every node computes on its own thread, as real nodes would.
+        grid = InProcessGrid(client_app, spec.num_clients, seed=spec.seed, threaded=spec.clock == "wall")
+    train_config: dict[str, Any] = {"task": task_spec(cfg)}
+    options: dict[str, Any] = {"tau_estimator": spec.tau_estimator}
     if clock is None:
-        clock = VirtualClock(DelayModel(spec.taus, spec.delays, spec.seed))
+        if spec.clock == "wall":
+            clock = WallClock(spec.time_unit)
+        else:
+            clock = VirtualClock(DelayModel(spec.taus, spec.delays, spec.seed))
+    if not clock.virtual and spec.emulate:
+        # Clients sleep τ_i time units per job (τ_i from their node config if set there, else this).
+        train_config.update({"emulate": spec.emulate, "time-unit": spec.time_unit})
+        options["worker_config"] = [{"tau": float(t)} for t in spec.taus]
     strategy = make_strategy(spec)
+    strategy.jobs_per_node = spec.jobs_per_node
     x0 = task.initial_params(spec.seed, spec.quad_x0)
     wall0 = time.perf_counter()
     result = strategy.start(
         grid=grid,
         initial_arrays=ArrayRecord({"model": Array(x0)}),
         time_budget=spec.budget,
-        train_config={"task": task_spec(cfg)},
+        train_config=train_config,
+        timeout=spec.ttl,
+        manager_options=options,
         evaluate_fn=make_evaluate_fn(task),
         clock=clock,
         eval_every=spec.eval_every,

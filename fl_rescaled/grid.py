@@ -5,6 +5,11 @@ is executed the moment its reply is pulled, in the same process, so a run goes a
 computation. Each node has its own ``Context`` (``partition-id``/``num-partitions`` in its node
 config, a persistent ``state``), exactly as a SuperNode would give it. A ClientApp that raises is
 turned into an error reply with Flower's code 2 (CLIENT_APP_RAISED_EXCEPTION), as the runtimes do.
+
+``threaded=True`` runs each node's jobs on its own worker thread instead (in push order), and
+``pull_messages`` returns only the replies that are ready, as Flower's runtimes do; with emulated
+compute times (clients that sleep) this is a one-process stand-in for a deployment on the wall
+clock.
 """
 
 from __future__ import annotations
@@ -71,6 +76,7 @@ class InProcessGrid(Grid):
         node_configs: list[dict[str, Any]] | None = None,
         run_id: int = 1,
         seed: int = 0,
+        threaded: bool = False,
     ) -> None:
         if num_nodes < 1:
             raise ValueError("num_nodes must be at least 1")
@@ -97,6 +103,22 @@ class InProcessGrid(Grid):
         self._pending: dict[str, Message] = {}
         self._next_id = 0
         self.messages_pushed = 0
+        self.threaded = threaded
+        self._futures: dict[str, Any] = {}
+        self._executors: dict[int, Any] = {}
+        self.offline: set[int] = set()  # nodes taken down with ``set_online`` (tests)
+
+    def set_online(self, node_id: int, online: bool) -> None:
+        """Take a node down (its jobs fail with Flower's NODE_UNAVAILABLE) or bring it back."""
+        if online:
+            self.offline.discard(node_id)
+        else:
+            self.offline.add(node_id)
+
+    def close(self) -> None:
+        for ex in self._executors.values():
+            ex.shutdown(wait=True, cancel_futures=True)
+        self._executors.clear()
 
     # -- Grid API
     def set_run(self, run: Run) -> None:
@@ -112,7 +134,7 @@ class InProcessGrid(Grid):
         return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
 
     def get_node_ids(self) -> Iterable[int]:
-        return list(self.node_ids)
+        return [n for n in self.node_ids if n not in self.offline]
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         ids = []
@@ -122,13 +144,28 @@ class InProcessGrid(Grid):
             mid = f"{self._next_id:016x}"
             self._next_id += 1
             msg.metadata.__dict__["_message_id"] = mid
-            self._pending[mid] = msg
+            if self.threaded:
+                nid = msg.metadata.dst_node_id
+                if nid not in self._executors:
+                    from concurrent.futures import ThreadPoolExecutor
+
+                    self._executors[nid] = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"node{nid}")
+                self._futures[mid] = self._executors[nid].submit(self._execute, msg)
+            else:
+                self._pending[mid] = msg
             ids.append(mid)
         self.messages_pushed += len(ids)
         return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         replies = []
+        if self.threaded:
+            for mid in message_ids:
+                fut = self._futures.get(mid)
+                if fut is not None and fut.done():
+                    del self._futures[mid]
+                    replies.append(fut.result())
+            return replies
         for mid in message_ids:
             msg = self._pending.pop(mid, None)
             if msg is not None:
@@ -140,14 +177,26 @@ class InProcessGrid(Grid):
         the client manager uses it, when present, for cancelled jobs)."""
         for mid in message_ids:
             self._pending.pop(mid, None)
+            fut = self._futures.pop(mid, None)
+            if fut is not None:
+                fut.cancel()
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
-        del timeout
-        return self.pull_messages(list(self.push_messages(messages)))
+        ids = list(self.push_messages(messages))
+        if self.threaded:
+            from concurrent.futures import wait
+
+            wait([self._futures[m] for m in ids if m in self._futures], timeout=timeout)
+        return self.pull_messages(ids)
 
     # -- execution
     def _execute(self, msg: Message) -> Message:
-        ctx = self.contexts[msg.metadata.dst_node_id]
+        nid = msg.metadata.dst_node_id
+        ctx = self.contexts[nid]
+        if nid in self.offline:
+            reply = Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason="node unavailable"), reply_to=msg)
+            reply.metadata.__dict__["_message_id"] = f"r{msg.metadata.message_id}"
+            return reply
         try:
             reply = self.client_app(msg, ctx)
         except Exception as exc:  # noqa: BLE001 - surfaced to the server as Flower does

@@ -89,6 +89,8 @@ class WorkerBook:
     busy_done: float = 0.0  # compute time of finished or cancelled jobs
     free_at: float = 0.0  # virtual time at which the worker's queue empties
     tau_estimate: float = math.nan  # online mean compute time (wall clock)
+    online: bool = True  # wall clock: False after its node was reported gone, until it reappears
+    last_delivery: float = math.nan  # wall clock: time.monotonic() of the last accepted reply
     last_version: int = -1  # the model version this worker was last sent ...
     last_model: Array | None = None  # ... and that model, encoded
 
@@ -105,6 +107,9 @@ class AsyncClientManager:
         ttl: float = 3600.0,
         poll_interval: float = 0.002,
         tau_smoothing: float = 0.2,
+        tau_estimator: str = "interval",
+        worker_config: list[dict[str, Any]] | None = None,
+        node_refresh: float = 2.0,
     ) -> None:
         self.grid = grid
         self.clock = clock
@@ -112,6 +117,15 @@ class AsyncClientManager:
         self.ttl = float(ttl)
         self.poll_interval = poll_interval
         self.tau_smoothing = tau_smoothing
+        if tau_estimator not in ("interval", "compute"):
+            raise ValueError("tau_estimator must be 'interval' or 'compute'")
+        self.tau_estimator = tau_estimator
+        self.worker_config = worker_config  # extra per-worker job config (e.g. emulated τ_i)
+        self.node_refresh = node_refresh
+        self._next_refresh = 0.0
+        self._hello_pending: dict[str, int] = {}  # hello message id -> node id (nodes that appeared)
+        self.joined: list[int] = []  # workers that (re)appeared and wait for a job
+        self._ignored_nodes: set[int] = set()  # nodes that are not workers of this run
         self.books: list[WorkerBook] = []
         self.worker_of_node: dict[int, int] = {}
         self.version = 0  # k: server updates applied so far
@@ -172,6 +186,7 @@ class AsyncClientManager:
             order = order[:num_workers]
         self.books = [WorkerBook(node_id=n) for n in order]
         self.worker_of_node = {n: i for i, n in enumerate(order)}
+        self._ignored_nodes = set(nodes) - set(order)
         return order
 
     def tau_estimates(self) -> list[float]:
@@ -220,6 +235,8 @@ class AsyncClientManager:
             job.start_time = start = max(now, book.free_at)
             job.finish_time = book.free_at = start + clock.job_duration(worker)
         tag = {"job-id": job.job_id, "worker": worker, "version": version, "job-seq": seq}
+        if self.worker_config is not None:
+            tag.update(self.worker_config[worker])
         cfg = {**self.train_config, **config, **tag} if config else {**self.train_config, **tag}
         msg = Message(job_content(model, cfg), book.node_id, JOB_TYPE, ttl=self.ttl, group_id=str(version))
         (mid,) = self.grid.push_messages([msg])
@@ -276,10 +293,14 @@ class AsyncClientManager:
 
     # ------------------------------------------------------------------ completions
     def next_completion(self, budget: float = math.inf) -> Completion | None:
-        """The next finished job, or None once the next one would finish after ``budget``."""
-        if not self.inflight:
-            return None
+        """The next finished job, or None once the next one would finish after ``budget``.
+
+        Wall clock: also returns None early when workers (re)joined (see ``joined``) so the
+        strategy can give them jobs; the caller then asks again.
+        """
         if self.clock.virtual:
+            if not self.inflight:
+                return None
             job = min(self.inflight.values(), key=_COMPLETION_ORDER)
             if job.finish_time > budget:
                 return None
@@ -289,7 +310,11 @@ class AsyncClientManager:
         while True:
             if self.clock.now > budget:
                 return None
-            mid = self._next_arrival()
+            if time.monotonic() >= self._next_refresh:
+                self._refresh_nodes()
+            if self.joined:
+                return None
+            mid = self._next_arrival() if self.inflight else None
             if mid is None:
                 expired = self._expired_job()
                 if expired is not None:
@@ -310,6 +335,10 @@ class AsyncClientManager:
             book.busy_done += job.finish_time - job.start_time
         if lost is not None or reply is None:
             comp.rejected = lost or "lost"
+            book.lost += 1
+            if not self.clock.virtual:
+                book.online = False  # silent past its TTL: treat the node as gone until it reappears
+            log.warning("job %d (worker %d) lost: %s", job.job_id, job.worker, comp.rejected)
         else:
             try:
                 comp.update, comp.metrics = parse_reply(reply, job.job_id, self._model_size())
@@ -317,6 +346,9 @@ class AsyncClientManager:
                 comp.rejected = rej.reason
                 if rej.reason.startswith("error-code"):
                     book.lost += 1
+                    # 3: expired in transit, 5: node unavailable: the node is gone for now.
+                    if rej.reason in ("error-code-3", "error-code-5") and not self.clock.virtual:
+                        book.online = False
                 log.warning(
                     "rejected reply of job %d (worker %d): %s", job.job_id, job.worker, rej
                 )
@@ -324,12 +356,17 @@ class AsyncClientManager:
             book.rejected += 1
             self.rejections[comp.rejected] += 1
         elif not self.clock.virtual:
-            measured = comp.metrics.get("compute-time")
-            if measured is None or not measured > 0:
-                measured = max(time.monotonic() - job.pushed_at, 1e-6) / self.clock.time_unit
-            else:
-                measured = float(measured) / self.clock.time_unit
-            book.busy_done += measured
+            now = time.monotonic()
+            reported = comp.metrics.get("compute-time")
+            compute = float(reported) if reported is not None and reported > 0 else now - job.pushed_at
+            compute /= self.clock.time_unit
+            book.busy_done += compute
+            if self.tau_estimator == "compute":
+                measured = compute
+            else:  # time between this worker's deliveries (its first: since its first job was sent)
+                since = book.last_delivery if not math.isnan(book.last_delivery) else job.pushed_at
+                measured = max(now - since, 1e-9) / self.clock.time_unit
+            book.last_delivery = now
             if math.isnan(book.tau_estimate):
                 book.tau_estimate = measured
             else:
@@ -345,6 +382,9 @@ class AsyncClientManager:
         """Buffer pulled replies; reject those that answer no job in flight."""
         for rep in replies:
             mid = rep.metadata.reply_to_message_id
+            if mid in self._hello_pending:
+                self._on_hello(self._hello_pending.pop(mid), rep)
+                continue
             if mid in self._cancelled:  # a cancelled job finished anyway: drop it
                 job = self._cancelled.pop(mid)
                 self._finished_ids.add(mid)
@@ -379,7 +419,7 @@ class AsyncClientManager:
             mid = self._arrival_order.popleft()
             if mid in self._arrived:
                 return mid
-        self._accept(list(self.grid.pull_messages(list(self.inflight))))
+        self._accept(list(self.grid.pull_messages([*self.inflight, *self._hello_pending])))
         while self._arrival_order:
             mid = self._arrival_order.popleft()
             if mid in self._arrived:
@@ -392,6 +432,56 @@ class AsyncClientManager:
             if now - job.pushed_at > self.ttl:
                 return job
         return None
+
+    # ------------------------------------------------------------------ membership (wall clock)
+    def online_workers(self) -> list[int]:
+        return [i for i, b in enumerate(self.books) if b.online]
+
+    def _refresh_nodes(self) -> None:
+        """Look for nodes that appeared (a new or restarted SuperNode) and ask who they are."""
+        self._next_refresh = time.monotonic() + self.node_refresh
+        try:
+            current = {int(n) for n in self.grid.get_node_ids()}
+        except Exception as exc:  # noqa: BLE001 - a transient transport error: try later
+            log.warning("could not list nodes: %s", exc)
+            return
+        for i, book in enumerate(self.books):
+            if book.online and book.node_id not in current and not self.pending_jobs(i):
+                book.online = False
+                log.warning("worker %d (node %d) left", i, book.node_id)
+            elif not book.online and book.node_id in current:
+                book.online = True  # the same node is back
+                self.joined.append(i)
+                log.warning("worker %d (node %d) is back", i, book.node_id)
+        known = set(self.worker_of_node) | set(self._hello_pending.values()) | self._ignored_nodes
+        new = sorted(current - known)
+        if new:
+            msgs = [Message(hello_content(), n, HELLO_TYPE, ttl=min(self.ttl, 60.0)) for n in new]
+            for mid, n in zip(self.grid.push_messages(msgs), new):
+                self._hello_pending[mid] = n
+
+    def _on_hello(self, node: int, rep: Message) -> None:
+        if not (rep.has_content() and "hello" in rep.content):
+            log.warning("node %d did not answer the hello query", node)
+            return
+        worker = int(rep.content["hello"]["partition-id"])
+        if not 0 <= worker < len(self.books):
+            self._ignored_nodes.add(node)
+            log.warning("node %d holds partition %d, outside this run's %d workers", node, worker, len(self.books))
+            return
+        book = self.books[worker]
+        old = book.node_id
+        self.worker_of_node.pop(old, None)
+        self.worker_of_node[node] = worker
+        book.node_id = node
+        if not book.online or old != node:
+            book.online = True
+            self.joined.append(worker)
+            log.warning("worker %d (re)joined on node %d", worker, node)
+
+    def pop_joined(self) -> list[int]:
+        joined, self.joined = self.joined, []
+        return joined
 
     # ------------------------------------------------------------------ reporting
     def busy_time(self, worker: int, t: float | None = None) -> float:

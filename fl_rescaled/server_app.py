@@ -36,12 +36,19 @@ def spec_from_run_config(cfg: dict[str, Any]) -> RunSpec:
         if name in _LISTS:
             value = [float(v) for v in str(value).split(",") if v.strip()]
         kw[name] = value
-    for name in ("lr", "budget", "eval_every", "dirichlet_alpha", "quad_x0", "noise"):
+    for name in ("lr", "budget", "eval_every", "dirichlet_alpha", "quad_x0", "noise", "time_unit", "ttl",
+                 "fedasync_mixing", "staleness_exponent", "malenia_s"):
         if name in kw:
             kw[name] = float(kw[name])
-    for name in ("seed", "batch_size", "quad_dim", "num_clients"):
+    for name in ("seed", "batch_size", "quad_dim", "num_clients", "jobs_per_node", "concurrency", "local_steps",
+                 "fedbuff_buffer"):
         if name in kw:
             kw[name] = int(kw[name])
+    for name in ("num_clients", "concurrency", "malenia_s"):  # 0 stands for "not set"
+        if kw.get(name) == 0:
+            del kw[name]
+    if "ringleader_restart" in kw:
+        kw["ringleader_restart"] = str(kw["ringleader_restart"]).lower() in ("1", "true", "yes")
     return RunSpec(**kw)
 
 

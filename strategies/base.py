@@ -64,6 +64,7 @@ class AsyncStrategy(Strategy):
         self.x: np.ndarray = np.zeros(0, np.float32)
         self._scratch: np.ndarray = self.x
         self.history: list[dict[str, Any]] = []
+        self.jobs_per_node = 1  # jobs kept in flight per worker (ASGD family; wall clock)
         self.on_event: Callable[[Completion, np.ndarray], None] | None = None
 
     # ---------------------------------------------------------------- hooks for subclasses
@@ -74,8 +75,15 @@ class AsyncStrategy(Strategy):
         raise NotImplementedError
 
     def on_rejected(self, comp: Completion) -> None:
-        """A reply that must not touch the model: give the worker a fresh job on the current model."""
-        self.submit(comp.worker)
+        """A reply that must not touch the model: give the worker a fresh job on the current model
+        (unless its node is gone; it gets one when it reappears)."""
+        assert self.manager is not None
+        if self.manager.books[comp.worker].online:
+            self.submit(comp.worker)
+
+    def on_worker_joined(self, worker: int) -> None:
+        """Wall clock: a worker's node (re)appeared; give it work on the current model."""
+        self.submit(worker)
 
     def stored_vectors(self) -> int:
         """How many model-sized vectors the server holds besides the model (gradient memory)."""
@@ -141,6 +149,7 @@ class AsyncStrategy(Strategy):
         eval_every: float | None = None,
         num_workers: int | None = None,
         progress: bool = False,
+        manager_options: dict[str, Any] | None = None,
     ) -> Result:
         """Run the asynchronous loop until ``time_budget`` (virtual time units, or wall seconds
         divided by the wall clock's time unit) and return Flower's ``Result``.
@@ -149,6 +158,8 @@ class AsyncStrategy(Strategy):
         virtual clock with fixed compute times ``taus`` (one per node, default all 1).
         ``evaluate_fn(step, arrays)``: central evaluation, called at times 0, eval_every, ...
         and at the budget; its metrics are stored with the time and the books of the run.
+        ``manager_options``: extra keyword arguments of ``AsyncClientManager`` (e.g.
+        ``tau_estimator``, ``worker_config``).
         """
         del evaluate_config
         if not time_budget > 0:
@@ -161,7 +172,7 @@ class AsyncStrategy(Strategy):
         if clock.virtual and num_workers is None:
             num_workers = clock.delays.num_workers
         cfg = dict(train_config.items()) if train_config is not None else {}
-        self.manager = AsyncClientManager(grid, clock, train_config=cfg, ttl=timeout)
+        self.manager = AsyncClientManager(grid, clock, train_config=cfg, ttl=timeout, **(manager_options or {}))
         self.manager.connect(num_workers)
         self.x, layout = flatten_arrays(initial_arrays)
         self.history = []
@@ -176,6 +187,10 @@ class AsyncStrategy(Strategy):
         manager = self.manager
         while True:
             comp = manager.next_completion(time_budget)
+            if comp is None and manager.joined:
+                for worker in manager.pop_joined():
+                    self.on_worker_joined(worker)
+                continue
             t = comp.time if comp is not None else time_budget
             # Evaluation points strictly before this event see the model as it was; an event at
             # exactly an evaluation time is applied first (the model "at time t" includes it).
@@ -238,6 +253,10 @@ class ASGD(AsyncStrategy):
 
     def on_start(self) -> None:
         for worker in range(self.n):
+            self.on_worker_joined(worker)
+
+    def on_worker_joined(self, worker: int) -> None:
+        for _ in range(self.jobs_per_node):
             self.submit(worker)
 
     def on_completion(self, comp: Completion) -> None:

@@ -5,9 +5,9 @@ its stepsizes add up to α · w_i per τ_max: every worker pulls with its target
 method converges to the minimiser of Σ w_i F_i (equal weights by default) instead of Vanilla
 ASGD's frequency-weighted objective.
 
-On the wall clock τ_i is the online estimate of worker i's mean compute time kept by the client
-manager, and τ_max the largest current estimate; the target weights are spread over the workers
-that have reported so far.
+On the wall clock τ_i is the client manager's online estimate of worker i's time per delivery
+(or of its reported compute time), τ_max the largest current estimate, and the target weights are
+renormalised over the workers that are online and have delivered at least once.
 """
 
 from __future__ import annotations
@@ -41,7 +41,10 @@ class RescaledASGD(ASGD):
         taus = self.manager.tau_estimates()
         if self.manager.clock.virtual:
             return rescaled_stepsize(comp.worker, taus, self.lr, self.weights)
-        known = [i for i, t in enumerate(taus) if not math.isnan(t)]
+        online = self.manager.online_workers()
+        known = [i for i in online if not math.isnan(taus[i])]
+        if comp.worker not in known:  # its node was just reported gone: its last word still counts
+            known = sorted(known + [comp.worker])
         sub_taus = [taus[i] for i in known]
         w = None
         if self.weights is not None:

@@ -1,0 +1,201 @@
+"""Run an experiment on Flower's Simulation Engine (Ray) instead of the in-process Grid.
+
+``run_on_flower(spec)`` starts ``flwr.simulation.run_simulation`` with one virtual SuperNode per
+client and a ServerApp whose ``main`` calls ``fl_rescaled.experiment.run(spec, grid=grid)`` on the
+Grid Flower hands it. The ClientApp is the project's own (``clients.client_app.app``); each
+SuperNode gets ``partition-id``/``num-partitions`` in its node config, so node *i* is worker *i*.
+
+On the virtual clock the manager hands completions over in simulated-time order and each job's
+randomness depends only on (seed, partition id, job number), so the run follows the same
+trajectory as on the in-process Grid (``tests/test_flower_engine.py`` checks this). Only the
+wall time differs: the engine polls for new messages every 0.1 s, one message per node per poll.
+
+``run_many_on_flower(specs)`` runs several experiments one after the other inside one simulation
+(one Ray start), with as many SuperNodes as the largest of them needs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import warnings
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from flwr.app import Context, Message, RecordDict
+from flwr.serverapp import Grid, ServerApp
+from flwr.supercore.run import Run
+
+from .experiment import RunSpec, run
+
+log = logging.getLogger("fl_rescaled")
+
+#: Ray settings applied (unless already set) before Ray is imported: no usage statistics, and Ray
+#: binds 127.0.0.1 instead of the host's address (a single-machine simulation needs no more).
+RAY_ENV_DEFAULTS = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+_QUIET_LOGGERS = ("flwr", "ray", "filelock")
+
+
+class FlowerRunError(RuntimeError):
+    """The ServerApp (or the Simulation Engine under it) failed; ``__cause__`` holds the error."""
+
+
+class SimulationAborted(RuntimeError):
+    """Raised inside the ServerApp thread once ``run_simulation`` has returned or failed."""
+
+
+class _AbortableGrid(Grid):
+    """Delegates to Flower's Grid; raises once ``abort`` is set.
+
+    If the engine dies (Ray fails to start, say) ``run_simulation`` raises while the ServerApp
+    thread may still be waiting for replies that will never come (up to the job TTL). Setting
+    ``abort`` makes its next Grid call raise, so the thread ends at once.
+    """
+
+    def __init__(self, inner: Grid, abort: threading.Event) -> None:
+        self._inner = inner
+        self._abort = abort
+
+    def _check(self) -> None:
+        if self._abort.is_set():
+            raise SimulationAborted("Flower's Simulation Engine has stopped")
+
+    def set_run(self, run: Run) -> None:  # pragma: no cover - Flower sets the run before main
+        self._inner.set_run(run)
+
+    @property
+    def run(self) -> Run:
+        return self._inner.run
+
+    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
+                       ttl: float | None = None) -> Message:
+        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
+
+    def get_node_ids(self) -> Iterable[int]:
+        self._check()
+        return self._inner.get_node_ids()
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        self._check()
+        return self._inner.push_messages(messages)
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        self._check()
+        return self._inner.pull_messages(message_ids)
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        self._check()
+        return self._inner.send_and_receive(messages, timeout=timeout)
+
+
+def backend_config(num_cpus: int = 2, *, verbose: bool = False) -> dict[str, Any]:
+    """The Ray backend settings: ``num_cpus`` for Ray in all, one CPU per ClientApp actor.
+
+    Our manager waits for one job at a time (virtual clock), so more actors would not make a run
+    faster; each actor process loads the task's data once (MNIST: ~200 MB each).
+    """
+    if num_cpus < 1:
+        raise ValueError("num_cpus must be at least 1")
+    return {
+        "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+        "init_args": {
+            "num_cpus": int(num_cpus),
+            "num_gpus": 0,
+            "include_dashboard": False,
+            "logging_level": logging.INFO if verbose else logging.ERROR,
+            "log_to_driver": bool(verbose),
+        },
+    }
+
+
+def run_many_on_flower(specs: Sequence[RunSpec], *, num_cpus: int = 2, verbose: bool = False) -> list[dict[str, Any]]:
+    """Run ``specs`` one after the other in one Flower simulation; return their outcomes.
+
+    The simulation has ``max(num_clients)`` SuperNodes; a run with fewer clients uses the nodes
+    with partition ids 0..n-1. Each outcome has the keys of ``experiment.run``'s plus
+    ``"engine": "flower"``. Raises ``FlowerRunError`` if any run (or the engine) failed.
+    """
+    resolved = [s.resolved() for s in specs]  # validation errors surface before Ray starts
+    if not resolved:
+        return []
+    num_nodes = max(int(s.num_clients or 1) for s in resolved)
+    for key, value in RAY_ENV_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+
+    from flwr.simulation import run_simulation
+
+    from clients.client_app import app as client_app
+
+    outcomes: list[dict[str, Any]] = []
+    failure: list[BaseException] = []
+    abort = threading.Event()
+    server_app = ServerApp()
+
+    @server_app.main()
+    def _main(grid: Grid, context: Context) -> None:
+        del context
+        g = _AbortableGrid(grid, abort)
+        try:
+            for spec in resolved:
+                outcome = run(spec, grid=g)
+                outcome["engine"] = "flower"
+                outcomes.append(outcome)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            failure.append(exc)
+            raise
+
+    saved_levels = {name: logging.getLogger(name).level for name in _QUIET_LOGGERS}
+    if not verbose:
+        for name in _QUIET_LOGGERS:
+            logging.getLogger(name).setLevel(logging.ERROR)
+    t0 = time.perf_counter()
+    try:
+        with warnings.catch_warnings():
+            if not verbose:  # ray.init's FutureWarning about GPU env vars (we use no GPU)
+                warnings.filterwarnings("ignore", category=FutureWarning, module=r"ray\.")
+            run_simulation(
+                server_app=server_app,
+                client_app=client_app,
+                num_supernodes=num_nodes,
+                backend_config=backend_config(num_cpus, verbose=verbose),
+                verbose_logging=verbose,
+            )
+    except BaseException as exc:
+        abort.set()
+        cause = failure[0] if failure else exc
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise FlowerRunError(
+            f"the Flower simulation failed after {len(outcomes)} of {len(resolved)} run(s): "
+            f"{type(cause).__name__}: {cause}"
+        ) from cause
+    finally:
+        abort.set()
+        if not verbose:
+            for name, level in saved_levels.items():
+                logging.getLogger(name).setLevel(level)
+    total = time.perf_counter() - t0
+    if failure:  # run_simulation re-raises the ServerApp's exception; this is a second guard
+        raise FlowerRunError(f"the ServerApp failed: {type(failure[0]).__name__}: {failure[0]}") from failure[0]
+    if len(outcomes) != len(resolved):
+        raise FlowerRunError(f"the ServerApp ended after {len(outcomes)} of {len(resolved)} run(s) without an error")
+    for outcome in outcomes:
+        outcome["simulation_seconds"] = total  # the whole simulation, Ray start-up included
+        errors = {k: v for k, v in outcome["rejected"].items() if str(k).startswith("error-code")}
+        if errors:
+            log.warning("the ClientApps returned error replies on Flower's engine: %s", errors)
+    return outcomes
+
+
+def run_on_flower(spec: RunSpec, *, num_cpus: int = 2, verbose: bool = False) -> dict[str, Any]:
+    """Run ``spec`` on Flower's Simulation Engine with one SuperNode per client.
+
+    Returns the outcome of ``experiment.run`` (same keys) plus ``"engine": "flower"`` and
+    ``"simulation_seconds"`` (wall time of the whole simulation, Ray start-up included). Ray gets
+    ``num_cpus`` CPUs; Flower's and Ray's logs are silenced unless ``verbose``. Raises
+    ``FlowerRunError`` if the ServerApp or the engine failed, ``ValueError`` for an invalid spec.
+    """
+    return run_many_on_flower([spec], num_cpus=num_cpus, verbose=verbose)[0]
