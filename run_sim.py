@@ -15,7 +15,7 @@ import logging
 import sys
 from typing import Any
 
-DEFAULT_BUDGET = 12000.0
+DEFAULT_BUDGET = 10000.0
 DEFAULT_LR = 1.0
 
 
