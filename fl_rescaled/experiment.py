@@ -19,6 +19,7 @@ from flwr.app import Array, ArrayRecord, MetricRecord
 from flwr.serverapp import Grid
 
 from .clock import DELAY_KINDS, DelayModel, VirtualClock, WallClock, tau_stats
+from .checkpoints import save_checkpoint
 from .metrics import plot_curves, write_history_csv
 from .tasks import TASKS, get_task, task_spec
 
@@ -269,6 +270,7 @@ def run(spec: RunSpec, grid: Grid | None = None, *, clock: VirtualClock | WallCl
         odir = Path(spec.out)
         stem = f"{spec.task}_{spec.strategy}_lr{spec.lr:g}_seed{spec.seed}"
         out["csv"] = str(write_history_csv(odir / f"{stem}.csv", strategy.history))
+        out["checkpoint"] = str(save_checkpoint(odir / stem, params, out)[0])
         out["png"] = str(plot_curves(odir / f"{stem}.png", {f"{spec.strategy} α={spec.lr:g}": strategy.history},
                                      logy=spec.task == "mnist"))
     return out

@@ -76,3 +76,17 @@ def test_short_mnist_run_lowers_training_loss(mnist_cache, tmp_path):
     assert losses == sorted(losses, reverse=True) or losses[-1] < min(losses[:2])
     assert out["accuracy"] > 0.5
     assert out["num_updates"] == 2 * (300 + 150 + 75 + 37 + 18)
+
+
+def test_checkpoint_roundtrip(tmp_path):
+    import numpy as np
+
+    from fl_rescaled.checkpoints import load_checkpoint, save_checkpoint
+
+    x = np.linspace(-1, 1, 11, dtype=np.float32)
+    save_checkpoint(tmp_path / "run", x, {"strategy": "rescaled", "history": [1, 2]})
+    y, meta = load_checkpoint(tmp_path / "run")
+    assert y.tobytes() == x.tobytes() and meta["strategy"] == "rescaled" and "history" not in meta
+    (tmp_path / "run.json").write_text((tmp_path / "run.json").read_text().replace('"model_size": 11', '"model_size": 12'))
+    with pytest.raises(ValueError):
+        load_checkpoint(tmp_path / "run")
