@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import Any
+
+# Flower reads this when it is first imported; keep its telemetry off unless the user set it.
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
 DEFAULT_BUDGET = 10000.0
 DEFAULT_LR = 1.0
@@ -155,17 +159,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from fl_rescaled.experiment import to_json
 
-    if args.engine == "flower":
-        from fl_rescaled.flower_sim import run_on_flower as run
+    for spec in specs:
+        if not args.json:
+            print(f"{'queued' if args.engine == 'flower' else 'running'} {spec.strategy} on {spec.task}: "
+                  f"α={spec.lr:g}, {spec.delays} τ={spec.taus}, budget={spec.budget:g}", flush=True)
+    if args.engine == "flower":  # one Flower simulation (one Ray start) for all the runs
+        from fl_rescaled.flower_sim import run_many_on_flower
+
+        outcomes = run_many_on_flower(specs)
     else:
         from fl_rescaled.experiment import run
 
-    outcomes = []
-    for spec in specs:
-        if not args.json:
-            print(f"running {spec.strategy} on {spec.task}: α={spec.lr:g}, {spec.delays} τ={spec.taus}, "
-                  f"budget={spec.budget:g}", flush=True)
-        outcomes.append(run(spec))
+        outcomes = [run(spec) for spec in specs]
     if outcomes and outcomes[0].get("data_source") and not args.json:
         print(f"MNIST source: {outcomes[0]['data_source']}")
     print_table(outcomes)

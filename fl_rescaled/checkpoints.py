@@ -33,7 +33,7 @@ def save_checkpoint(stem: str | Path, params: np.ndarray, summary: dict[str, Any
     stem = Path(stem)
     model_path, meta_path = stem.with_suffix(".npz"), stem.with_suffix(".json")
     flat = np.ascontiguousarray(params).reshape(-1)
-    meta = {k: v for k, v in summary.items() if k != "history"}
+    meta = {k: v for k, v in summary.items() if k not in ("history", "final_model")}
     meta["model_size"] = int(flat.size)
     meta["model_dtype"] = str(flat.dtype)
     _atomic_write(model_path, lambda fh: np.savez(fh, model=flat))

@@ -266,6 +266,7 @@ def run(spec: RunSpec, grid: Grid | None = None, *, clock: VirtualClock | WallCl
     else:
         out["data_source"] = getattr(task, "source", "")
     out["history"] = strategy.history
+    out["final_model"] = params
     if spec.out:
         odir = Path(spec.out)
         stem = f"{spec.task}_{spec.strategy}_lr{spec.lr:g}_seed{spec.seed}"
@@ -277,5 +278,5 @@ def run(spec: RunSpec, grid: Grid | None = None, *, clock: VirtualClock | WallCl
 
 
 def to_json(outcome: dict[str, Any]) -> str:
-    slim = {k: v for k, v in outcome.items() if k != "history"}
+    slim = {k: v for k, v in outcome.items() if k not in ("history", "final_model")}
     return json.dumps(slim, default=float)

@@ -11,7 +11,12 @@ trajectory as on the in-process Grid (``tests/test_flower_engine.py`` checks thi
 wall time differs: the engine polls for new messages every 0.1 s, one message per node per poll.
 
 ``run_many_on_flower(specs)`` runs several experiments one after the other inside one simulation
-(one Ray start), with as many SuperNodes as the largest of them needs.
+(one Ray start), with as many SuperNodes as the largest of them needs. ``simulate(main, ...)`` is
+the general form: any ``main(grid)`` as the ServerApp, any ClientApp (the benchmarks use it).
+
+Environment: Flower reads ``FLWR_TELEMETRY_ENABLED`` when ``flwr`` is first imported, so set it
+(to 0 for offline use) before importing this module; the Ray variables in ``RAY_ENV_DEFAULTS`` are
+applied here, before Ray is imported, unless already set.
 """
 
 from __future__ import annotations
@@ -21,16 +26,18 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
 from flwr.app import Context, Message, RecordDict
+from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore.run import Run
 
 from .experiment import RunSpec, run
 
 log = logging.getLogger("fl_rescaled")
+T = TypeVar("T")
 
 #: Ray settings applied (unless already set) before Ray is imported: no usage statistics, and Ray
 #: binds 127.0.0.1 instead of the host's address (a single-machine simulation needs no more).
@@ -41,6 +48,8 @@ _QUIET_LOGGERS = ("flwr", "ray", "filelock")
 
 class FlowerRunError(RuntimeError):
     """The ServerApp (or the Simulation Engine under it) failed; ``__cause__`` holds the error."""
+
+    outcomes: list[dict[str, Any]] = []  # runs of ``run_many_on_flower`` that finished before
 
 
 class SimulationAborted(RuntimeError):
@@ -111,25 +120,31 @@ def backend_config(num_cpus: int = 2, *, verbose: bool = False) -> dict[str, Any
     }
 
 
-def run_many_on_flower(specs: Sequence[RunSpec], *, num_cpus: int = 2, verbose: bool = False) -> list[dict[str, Any]]:
-    """Run ``specs`` one after the other in one Flower simulation; return their outcomes.
+def simulate(
+    main: Callable[[Grid], T],
+    *,
+    num_supernodes: int,
+    client_app: ClientApp | None = None,
+    num_cpus: int = 2,
+    verbose: bool = False,
+) -> T:
+    """Run ``main(grid)`` as the ServerApp of a Flower simulation; return what it returns.
 
-    The simulation has ``max(num_clients)`` SuperNodes; a run with fewer clients uses the nodes
-    with partition ids 0..n-1. Each outcome has the keys of ``experiment.run``'s plus
-    ``"engine": "flower"``. Raises ``FlowerRunError`` if any run (or the engine) failed.
+    ``run_simulation`` runs the ServerApp in a thread of this process, so ``main`` can hand back
+    any Python object. ``client_app`` defaults to the project's ClientApp. Raises
+    ``FlowerRunError`` (``__cause__``: the original exception) if ``main`` or the engine failed.
     """
-    resolved = [s.resolved() for s in specs]  # validation errors surface before Ray starts
-    if not resolved:
-        return []
-    num_nodes = max(int(s.num_clients or 1) for s in resolved)
+    if num_supernodes < 1:
+        raise ValueError("num_supernodes must be at least 1")
     for key, value in RAY_ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)
 
     from flwr.simulation import run_simulation
 
-    from clients.client_app import app as client_app
+    if client_app is None:
+        from clients.client_app import app as client_app
 
-    outcomes: list[dict[str, Any]] = []
+    results: list[T] = []
     failure: list[BaseException] = []
     abort = threading.Event()
     server_app = ServerApp()
@@ -137,12 +152,8 @@ def run_many_on_flower(specs: Sequence[RunSpec], *, num_cpus: int = 2, verbose: 
     @server_app.main()
     def _main(grid: Grid, context: Context) -> None:
         del context
-        g = _AbortableGrid(grid, abort)
         try:
-            for spec in resolved:
-                outcome = run(spec, grid=g)
-                outcome["engine"] = "flower"
-                outcomes.append(outcome)
+            results.append(main(_AbortableGrid(grid, abort)))
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
             failure.append(exc)
             raise
@@ -151,7 +162,6 @@ def run_many_on_flower(specs: Sequence[RunSpec], *, num_cpus: int = 2, verbose: 
     if not verbose:
         for name in _QUIET_LOGGERS:
             logging.getLogger(name).setLevel(logging.ERROR)
-    t0 = time.perf_counter()
     try:
         with warnings.catch_warnings():
             if not verbose:  # ray.init's FutureWarning about GPU env vars (we use no GPU)
@@ -159,31 +169,60 @@ def run_many_on_flower(specs: Sequence[RunSpec], *, num_cpus: int = 2, verbose: 
             run_simulation(
                 server_app=server_app,
                 client_app=client_app,
-                num_supernodes=num_nodes,
+                num_supernodes=num_supernodes,
                 backend_config=backend_config(num_cpus, verbose=verbose),
                 verbose_logging=verbose,
             )
+    except KeyboardInterrupt:
+        raise
     except BaseException as exc:
-        abort.set()
         cause = failure[0] if failure else exc
-        if isinstance(exc, KeyboardInterrupt):
-            raise
-        raise FlowerRunError(
-            f"the Flower simulation failed after {len(outcomes)} of {len(resolved)} run(s): "
-            f"{type(cause).__name__}: {cause}"
-        ) from cause
+        raise FlowerRunError(f"the Flower simulation failed: {type(cause).__name__}: {cause}") from cause
     finally:
-        abort.set()
+        abort.set()  # a ServerApp thread still waiting for replies stops at its next Grid call
         if not verbose:
             for name, level in saved_levels.items():
                 logging.getLogger(name).setLevel(level)
-    total = time.perf_counter() - t0
     if failure:  # run_simulation re-raises the ServerApp's exception; this is a second guard
         raise FlowerRunError(f"the ServerApp failed: {type(failure[0]).__name__}: {failure[0]}") from failure[0]
-    if len(outcomes) != len(resolved):
-        raise FlowerRunError(f"the ServerApp ended after {len(outcomes)} of {len(resolved)} run(s) without an error")
+    if not results:
+        raise FlowerRunError("the ServerApp ended without a result (did the simulation start?)")
+    return results[0]
+
+
+def run_many_on_flower(specs: Sequence[RunSpec], *, num_cpus: int = 2, verbose: bool = False) -> list[dict[str, Any]]:
+    """Run ``specs`` one after the other in one Flower simulation; return their outcomes.
+
+    The simulation has ``max(num_clients)`` SuperNodes; a run with fewer clients uses the nodes
+    with partition ids 0..n-1. Each outcome has the keys of ``experiment.run``'s plus
+    ``"engine": "flower"`` and ``"simulation_seconds"`` (the whole simulation, Ray start-up
+    included). Raises ``FlowerRunError`` if a run or the engine failed; its ``outcomes``
+    attribute holds the runs that finished before.
+    """
+    resolved = [s.resolved() for s in specs]  # validation errors surface before Ray starts
+    if not resolved:
+        return []
+    outcomes: list[dict[str, Any]] = []
+
+    def main(grid: Grid) -> list[dict[str, Any]]:
+        for spec in resolved:
+            outcome = run(spec, grid=grid)
+            outcome["engine"] = "flower"
+            outcomes.append(outcome)
+        return outcomes
+
+    t0 = time.perf_counter()
+    try:
+        simulate(main, num_supernodes=max(int(s.num_clients or 1) for s in resolved), num_cpus=num_cpus,
+                 verbose=verbose)
+    except FlowerRunError as err:
+        err.outcomes = list(outcomes)
+        if len(resolved) > 1:
+            err.args = (f"{err.args[0]} (after {len(outcomes)} of {len(resolved)} runs)",)
+        raise
+    total = time.perf_counter() - t0
     for outcome in outcomes:
-        outcome["simulation_seconds"] = total  # the whole simulation, Ray start-up included
+        outcome["simulation_seconds"] = total
         errors = {k: v for k, v in outcome["rejected"].items() if str(k).startswith("error-code")}
         if errors:
             log.warning("the ClientApps returned error replies on Flower's engine: %s", errors)

@@ -89,7 +89,7 @@ def flower_runs(request) -> dict[str, tuple[dict, np.ndarray]]:
     return {name: (out, m["x"]) for name, out, m in zip(specs, outcomes, models, strict=True)}
 
 
-def assert_same_run(ref: dict, ref_x: np.ndarray, out: dict, x: np.ndarray) -> None:
+def assert_same_run(ref: dict, ref_x: np.ndarray, out: dict, x: np.ndarray, atol: float = 0.0) -> None:
     assert out["engine"] == "flower"
     assert out["num_updates"] == ref["num_updates"] > 0
     assert out["updates_per_worker"] == ref["updates_per_worker"]
@@ -102,7 +102,7 @@ def assert_same_run(ref: dict, ref_x: np.ndarray, out: dict, x: np.ndarray) -> N
     assert [h["updates"] for h in out["history"]] == [h["updates"] for h in ref["history"]]
     np.testing.assert_allclose([h["loss"] for h in out["history"]], [h["loss"] for h in ref["history"]], rtol=1e-6)
     assert x.shape == ref_x.shape
-    np.testing.assert_allclose(x, ref_x, rtol=1e-6)
+    np.testing.assert_allclose(x, ref_x, rtol=1e-6, atol=atol)
 
 
 @pytest.mark.parametrize("strategy", list(QUAD_SPECS))
@@ -128,7 +128,10 @@ def test_mnist_same_trajectory_on_flower(flower_runs, mnist_cache):
     ref, ref_x = in_process(MNIST_SPEC)
     out, x = flower_runs["mnist"]
     assert ref["num_updates"] >= 15
-    assert_same_run(ref, ref_x, out, x)
+    # float32 model: torch in a Ray worker (one thread) may round a few of the 101,770 weights
+    # differently in the last bit (seen: 21 weights, |Δ| ≤ 2e-9, relative ≤ 2e-7); atol covers
+    # weights that are close to zero.
+    assert_same_run(ref, ref_x, out, x, atol=1e-8)
     assert x.size == 101_770  # the paper's MLP, 784-128-10
     assert out["data_source"] == ref["data_source"]
 
