@@ -4,6 +4,7 @@
     python run_sim.py                      # the embedded default: Rescaled vs Vanilla ASGD on MNIST
     python run_sim.py --task quadratic --taus 1,2 --quad-a 1,2 --quad-b 4,-3 --lr 0.01 --budget 4000
     python run_sim.py --strategy vanilla --delays exponential --budget 30000 --out runs/x --json
+    python run_sim.py paper [--quick]      # the paper's MNIST study (see fl_rescaled/paper.py)
 
 Lists are comma-separated. Bad flags or values exit with status 2 and a one-line error.
 """
@@ -145,6 +146,11 @@ def print_table(outcomes: list[dict[str, Any]]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "paper":  # the paper's study: python run_sim.py paper [--quick] ...
+        from fl_rescaled.paper import main as paper_main
+
+        return paper_main(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR,
                         format="%(levelname)s %(name)s: %(message)s")

@@ -428,6 +428,7 @@ class ResultScanner:
 
 
 def build_run_config(args: argparse.Namespace, app: Path) -> str:
+    """The ``--run-config`` string, plus ``taus`` from ``--taus``; unknown keys are an error."""
     run_config = args.run_config.strip()
     keys = run_config_keys(run_config)
     if args.taus and "taus" not in keys:
@@ -436,7 +437,7 @@ def build_run_config(args: argparse.Namespace, app: Path) -> str:
     known = app_config_keys(app)
     unknown = [k for k in keys if k not in known]
     if unknown:
-        raise SystemExit(f"unknown --run-config keys {unknown}: every key must exist in "
+        raise ValueError(f"unknown --run-config keys {unknown}: every key must exist in "
                          "[tool.flwr.app.config] of pyproject.toml")
     return run_config
 
@@ -479,12 +480,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    try:
+        run_config = build_run_config(args, Path(args.app).resolve())
+    except (ValueError, OSError, tomllib.TOMLDecodeError) as err:
+        log(f"error: {err}")
+        return 1
 
     def on_term(signum, frame):  # SIGTERM/SIGHUP behave like Ctrl-C: clean up and leave
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGHUP, on_term)
+    # SIGINT too: a shell may start a background job with SIGINT ignored.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_term)
     dep = LocalDeployment(args)
     status = 1
     info: dict[str, Any] = {"nodes": args.nodes, "taus": parse_floats(args.taus), "scratch": str(dep.work)}
@@ -492,7 +499,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         t0 = time.monotonic()
         app = copy_app(Path(args.app).resolve(), dep.work / "app")
-        run_config = build_run_config(args, app)
         dep.start_superlink()
         log(f"SuperLink on 127.0.0.1:{dep.port} (pid {dep.superlink.pid}), scratch {dep.work}")
         for i in range(args.nodes):
@@ -557,12 +563,15 @@ def main(argv: list[str] | None = None) -> int:
         log(f"error: {err}")
         status = 1
     finally:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # let the clean-up finish
+            signal.signal(sig, signal.SIG_IGN)
         left = dep.stop()
         if left:
             log(f"processes still alive after cleanup: {left}")
         else:
             log("all processes stopped")
         info["leftover_pids"] = left
+        info["superlink_port"] = dep.port
         info["node_stats"] = dep.node_stats()
     if scanner.result is not None:
         result = dict(scanner.result)

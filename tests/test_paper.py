@@ -1,0 +1,149 @@
+"""``python run_sim.py paper --quick``: the study's files appear, the figures are real PNGs, and a second
+invocation reuses every finished run instead of recomputing it."""
+
+import json
+import math
+import time
+
+import pytest
+
+
+
+def MNIST(test):  # the quick study: about 2 minutes on real MNIST
+    return pytest.mark.slow(pytest.mark.mnist(test))
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+FIGURES = ("fig_loss_vs_time.png", "fig_cumulative_stepsize.png", "fig_toy1_inconsistency.png",
+           "fig_toy2_delay_adaptive.png")
+SECTIONS = ("# The paper's MNIST study", "## Machine and time", "## α grids and choice", "## Results at the chosen α",
+            "### fixed compute times", "### exponential compute times", "Final local loss of every client",
+            '## Claims check (experiments.md, "Claims")', "## Files")
+
+
+@pytest.fixture(scope="module")
+def study(mnist_cache, tmp_path_factory):
+    from fl_rescaled.paper import main
+
+    out = tmp_path_factory.mktemp("paper")
+    t0 = time.perf_counter()
+    rc = main(["--quick", "--out", str(out), "--no-progress"])
+    first = json.loads((out / "summary.json").read_text())
+    first_seconds = time.perf_counter() - t0
+    return {"out": out, "rc": rc, "first": first, "first_seconds": first_seconds}
+
+
+@pytest.fixture(scope="module")
+def second(study):
+    from fl_rescaled.paper import main
+
+    rc = main(["--quick", "--out", str(study["out"]), "--no-progress"])
+    return {"rc": rc, "summary": json.loads((study["out"] / "summary.json").read_text())}
+
+
+@MNIST
+def test_quick_study_succeeds(study):
+    assert study["rc"] == 0
+    assert study["first"]["failed"] == 0
+    # 5 methods × 2 settings × (2 α + 1 more seed), no extension in quick mode
+    assert study["first"]["computed"] == 30
+    assert study["first"]["reused"] == 0
+
+
+@MNIST
+def test_report_sections_and_content(study):
+    text = (study["out"] / "REPORT.md").read_text()
+    for sec in SECTIONS:
+        assert sec in text, sec
+    for label in ("Rescaled ASGD", "Malenia SGD", "Ringleader ASGD", "Vanilla ASGD", "Delay-Adaptive ASGD"):
+        assert text.count(label) >= 4, label
+    assert "python run_sim.py paper --quick" in text
+    assert "**yes**" in text or "**no**" in text  # computed verdicts
+    assert "grid used" in text and "chosen α" in text
+
+
+@MNIST
+def test_figures_are_nonempty_pngs(study):
+    for name in FIGURES:
+        path = study["out"] / name
+        assert path.exists(), name
+        data = path.read_bytes()
+        assert data[:8] == PNG_MAGIC, name
+        assert len(data) > 5000, (name, len(data))
+
+
+@MNIST
+def test_every_run_stored_as_csv_and_json(study):
+    out = study["out"]
+    chosen = study["first"]["chosen"]
+    assert set(chosen) == {"fixed", "exponential"}
+    for setting, per_method in chosen.items():
+        assert set(per_method) == {"rescaled", "malenia", "ringleader", "vanilla", "delay-adaptive"}
+        for method, alpha in per_method.items():
+            folder = out / "runs" / setting / method
+            for a in (0.1, 1.0):
+                assert (folder / f"lr{a:g}_seed0.csv").exists()
+                assert (folder / f"lr{a:g}_seed0.json").exists()
+            for seed in (0, 1):
+                csv_path = folder / f"lr{alpha:g}_seed{seed}.csv"
+                rec = json.loads((folder / f"lr{alpha:g}_seed{seed}.json").read_text())
+                assert rec["budget"] == 200 and rec["lr"] == alpha and rec["seed"] == seed
+                lines = csv_path.read_text().splitlines()
+                header = lines[0].split(",")
+                for col in ("time", "loss", "cumulative_stepsize", "updates", "client_losses"):
+                    assert col in header
+                assert len(lines) == 1 + 6  # evaluations at 0, 40, ..., 200
+                assert math.isfinite(rec["final_loss"])
+    assert not list(out.rglob(".*.tmp*"))  # atomic writes leave no temporaries
+    for setting in ("fixed", "exponential"):
+        for method in chosen[setting]:
+            assert (out / "curves" / f"{setting}_{method}.csv").exists()
+    assert len(list((out / "toys").glob("*.csv"))) == 4
+
+
+@MNIST
+def test_second_invocation_reuses_everything(study, second):
+    assert second["rc"] == 0
+    assert second["summary"]["computed"] == 0
+    assert second["summary"]["reused"] == study["first"]["computed"]
+    assert second["summary"]["chosen"] == study["first"]["chosen"]
+    assert "0 run(s) computed" in (study["out"] / "REPORT.md").read_text()
+
+
+def test_sweep_extends_past_the_edge():
+    from fl_rescaled.paper import Sweep, next_down, next_up
+
+    assert [next_up(a) for a in (1e-4, 0.1, 1, 3, 10, 30)] == [1e-3, 1.0, 3.0, 10.0, 30.0, 100.0]
+    assert next_down(1e-4) == 1e-5
+    sw = Sweep("fixed", "rescaled", [0.1, 1.0], seeds=3, max_extend=3)
+    losses = {0.1: 1.0, 1.0: 0.5, 3.0: 0.4, 10.0: math.nan}
+
+    def feed():
+        for a, s in sw.needed():
+            v = losses[a] if s == 0 else 0.41
+            sw.results[(a, s)] = {"final_loss": v, "diverged": not math.isfinite(v)}
+
+    feed()  # the grid
+    assert sw.needed() == [(3.0, 0)] and sw.alphas == [0.1, 1.0, 3.0]  # best at the top edge: extend up
+    feed()
+    assert sw.needed() == [(10.0, 0)] and sw.alphas == [0.1, 1.0, 3.0, 10.0]
+    feed()  # 10 diverges: 3 is interior; its other seeds follow
+    assert sw.needed() == [(3.0, 1), (3.0, 2)]
+    assert sw.chosen == 3.0 and sw.note == "interior"
+    feed()
+    assert sorted(sw.results) == [(0.1, 0), (1.0, 0), (3.0, 0), (3.0, 1), (3.0, 2), (10.0, 0)]
+    assert sw.needed() == []
+    capped = Sweep("fixed", "malenia", [0.1, 1.0], seeds=1, max_extend=0)
+    for a, _ in capped.needed():
+        capped.results[(a, 0)] = {"final_loss": 1.0 / a, "diverged": False}
+    assert capped.needed() == [] and capped.chosen == 1.0 and "capped" in capped.note
+
+
+@pytest.mark.parametrize("args", [["--grid", "x"], ["--methods", "nope"], ["--settings", "gamma"], ["--budget", "0"],
+                                  ["--seeds", "0"], ["--bogus"]])
+def test_bad_flags_exit_2_with_one_line(args, capsys):
+    from fl_rescaled.paper import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    assert exc.value.code == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and "error" in err[0]
