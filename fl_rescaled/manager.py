@@ -55,6 +55,7 @@ class Job:
     message_id: str = ""
     pushed_at: float = 0.0  # wall-clock seconds (time.monotonic)
     model: Array | None = None  # the encoded model this job carries (shared, never copied)
+    node_id: int = 0  # the node it was sent to (a worker's node id changes if its SuperNode restarts)
 
 
 @dataclass
@@ -227,7 +228,7 @@ class AsyncClientManager:
         clock = self.clock
         now = clock.now
         seq = book.jobs_sent
-        job = Job(self._next_job_id, worker, version, seq, now, model=model)
+        job = Job(self._next_job_id, worker, version, seq, now, model=model, node_id=book.node_id)
         self._next_job_id += 1
         book.jobs_sent = seq + 1
         book.last_version, book.last_model = version, model
@@ -336,7 +337,7 @@ class AsyncClientManager:
         if lost is not None or reply is None:
             comp.rejected = lost or "lost"
             book.lost += 1
-            if not self.clock.virtual:
+            if not self.clock.virtual and job.node_id == book.node_id:
                 book.online = False  # silent past its TTL: treat the node as gone until it reappears
             log.warning("job %d (worker %d) lost: %s", job.job_id, job.worker, comp.rejected)
         else:
@@ -347,7 +348,8 @@ class AsyncClientManager:
                 if rej.reason.startswith("error-code"):
                     book.lost += 1
                     # 3: expired in transit, 5: node unavailable: the node is gone for now.
-                    if rej.reason in ("error-code-3", "error-code-5") and not self.clock.virtual:
+                    if (rej.reason in ("error-code-3", "error-code-5") and not self.clock.virtual
+                            and job.node_id == book.node_id):
                         book.online = False
                 log.warning(
                     "rejected reply of job %d (worker %d): %s", job.job_id, job.worker, rej
@@ -450,9 +452,12 @@ class AsyncClientManager:
                 book.online = False
                 log.warning("worker %d (node %d) left", i, book.node_id)
             elif not book.online and book.node_id in current:
-                book.online = True  # the same node is back
-                self.joined.append(i)
-                log.warning("worker %d (node %d) is back", i, book.node_id)
+                # Listed is not alive: a SIGKILLed node stays listed until its heartbeat times out
+                # (~60 s). Probe it; _on_hello marks it back when it answers.
+                if book.node_id not in self._hello_pending.values():
+                    probe = Message(hello_content(), book.node_id, HELLO_TYPE, ttl=min(self.ttl, 60.0))
+                    (mid,) = self.grid.push_messages([probe])
+                    self._hello_pending[mid] = book.node_id
         known = set(self.worker_of_node) | set(self._hello_pending.values()) | self._ignored_nodes
         new = sorted(current - known)
         if new:

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -48,7 +47,7 @@ import tomllib
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULT_PREFIX = "fl-rescaled result: "
