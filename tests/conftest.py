@@ -7,7 +7,17 @@ import os
 import sys
 from pathlib import Path
 
-import pytest
+# Offline and quiet, set before any test module imports flwr: no telemetry, no update check, no
+# Ray usage stats, and Ray bound to 127.0.0.1.
+for _key, _value in {
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+}.items():
+    os.environ.setdefault(_key, _value)
+
+import pytest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:

@@ -9,17 +9,9 @@ experiments of this module; each test then runs its in-process twin and compares
 
 from __future__ import annotations
 
-import os
 from contextlib import contextmanager
 
-# Offline and quiet: no telemetry, no update check, no Ray usage stats, Ray bound to 127.0.0.1.
-for _key, _value in {
-    "FLWR_TELEMETRY_ENABLED": "0",
-    "FLWR_DISABLE_UPDATE_CHECK": "1",
-    "RAY_USAGE_STATS_ENABLED": "0",
-    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-}.items():
-    os.environ.setdefault(_key, _value)
+# (conftest.py sets the offline/quiet Flower and Ray environment before anything imports flwr)
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
