@@ -98,9 +98,6 @@ class VirtualClock:
     def job_duration(self, worker: int) -> float:
         return self.delays.sample(worker)
 
-    def mean_duration(self, worker: int) -> float:
-        return self.delays.mean(worker)
-
 
 class WallClock:
     """Real elapsed time since construction (seconds, scaled by ``time_unit``)."""

@@ -27,15 +27,19 @@ from flwr.serverapp import Grid
 
 from .clock import VirtualClock, WallClock
 from .messages import (
-    HELLO_TYPE,
     JOB_TYPE,
     RejectedReply,
     decode_vector,
     encode_vector,
-    hello_content,
+    hello_message,
     job_content,
+    parse_hello,
     parse_reply,
 )
+
+#: Rejection reasons that mean the node itself is gone (not just this job): Flower's
+#: MESSAGE_UNAVAILABLE (expired in transit), NODE_UNAVAILABLE, and our own TTL expiry.
+_NODE_GONE = ("error-code-3", "error-code-5", "ttl-expired")
 
 log = logging.getLogger("fl_rescaled")
 
@@ -139,7 +143,6 @@ class AsyncClientManager:
         self._finished_ids: set[str] = set()
         self._encoded: tuple[int, Array] | None = None  # (version, encoded model)
         self._cancelled: dict[str, Job] = {}  # cancelled jobs whose replies may still arrive
-        self._virtual_taus: list[float] | None = None  # the delay model's means (they never change)
 
     # ------------------------------------------------------------------ workers
     @property
@@ -161,8 +164,7 @@ class AsyncClientManager:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"only {len(nodes)} of {num_workers} nodes connected")
             time.sleep(0.1)
-        msgs = [Message(hello_content(), n, HELLO_TYPE, ttl=timeout) for n in nodes]
-        ids = list(self.grid.push_messages(msgs))
+        ids = list(self.grid.push_messages([hello_message(n, timeout) for n in nodes]))
         pending = set(ids)
         partition: dict[int, int] = {}
         while pending and time.monotonic() < deadline:
@@ -170,10 +172,9 @@ class AsyncClientManager:
             for rep in self.grid.pull_messages(list(pending)):
                 got = True
                 pending.discard(rep.metadata.reply_to_message_id)
-                if rep.has_content() and "hello" in rep.content.metric_records:
-                    partition[rep.metadata.src_node_id] = int(
-                        rep.content.metric_records["hello"]["partition-id"]
-                    )
+                pid = parse_hello(rep)
+                if pid is not None:
+                    partition[rep.metadata.src_node_id] = pid
             if not got:
                 time.sleep(0.05)
         if pending:
@@ -193,10 +194,7 @@ class AsyncClientManager:
     def tau_estimates(self) -> list[float]:
         """Mean compute time per worker: exact in simulation, estimated online on the wall clock."""
         if self.clock.virtual:
-            taus = self._virtual_taus
-            if taus is None or len(taus) != len(self.books):
-                taus = self._virtual_taus = [self.clock.mean_duration(i) for i in range(self.num_workers)]
-            return list(taus)
+            return list(self.clock.delays.taus[: self.num_workers])
         return [b.tau_estimate for b in self.books]
 
     # ------------------------------------------------------------------ jobs
@@ -336,25 +334,23 @@ class AsyncClientManager:
             book.busy_done += job.finish_time - job.start_time
         if lost is not None or reply is None:
             comp.rejected = lost or "lost"
-            book.lost += 1
-            if not self.clock.virtual and job.node_id == book.node_id:
-                book.online = False  # silent past its TTL: treat the node as gone until it reappears
             log.warning("job %d (worker %d) lost: %s", job.job_id, job.worker, comp.rejected)
         else:
             try:
                 comp.update, comp.metrics = parse_reply(reply, job.job_id, self._model_size())
             except RejectedReply as rej:
                 comp.rejected = rej.reason
-                if rej.reason.startswith("error-code"):
-                    book.lost += 1
-                    # 3: expired in transit, 5: node unavailable: the node is gone for now.
-                    if (rej.reason in ("error-code-3", "error-code-5") and not self.clock.virtual
-                            and job.node_id == book.node_id):
-                        book.online = False
                 log.warning(
                     "rejected reply of job %d (worker %d): %s", job.job_id, job.worker, rej
                 )
         if comp.rejected is not None:
+            # A job that never came back, or came back as a transport/ClientApp error, is lost.
+            if reply is None or comp.rejected.startswith("error-code"):
+                book.lost += 1
+            # Its node is gone for now (until it answers a hello again), unless the worker has
+            # already moved to a new node.
+            if comp.rejected in _NODE_GONE and not self.clock.virtual and job.node_id == book.node_id:
+                book.online = False
             book.rejected += 1
             self.rejections[comp.rejected] += 1
         elif not self.clock.virtual:
@@ -417,11 +413,14 @@ class AsyncClientManager:
         return self._arrived.pop(mid)
 
     def _next_arrival(self) -> str | None:
-        while self._arrival_order:
-            mid = self._arrival_order.popleft()
-            if mid in self._arrived:
-                return mid
-        self._accept(list(self.grid.pull_messages([*self.inflight, *self._hello_pending])))
+        """The oldest buffered reply (wall clock), pulling new ones only when none is buffered."""
+        mid = self._pop_arrival()
+        if mid is None:
+            self._accept(list(self.grid.pull_messages([*self.inflight, *self._hello_pending])))
+            mid = self._pop_arrival()
+        return mid
+
+    def _pop_arrival(self) -> str | None:
         while self._arrival_order:
             mid = self._arrival_order.popleft()
             if mid in self._arrived:
@@ -455,21 +454,22 @@ class AsyncClientManager:
                 # Listed is not alive: a SIGKILLed node stays listed until its heartbeat times out
                 # (~60 s). Probe it; _on_hello marks it back when it answers.
                 if book.node_id not in self._hello_pending.values():
-                    probe = Message(hello_content(), book.node_id, HELLO_TYPE, ttl=min(self.ttl, 60.0))
-                    (mid,) = self.grid.push_messages([probe])
-                    self._hello_pending[mid] = book.node_id
+                    self._probe([book.node_id])
         known = set(self.worker_of_node) | set(self._hello_pending.values()) | self._ignored_nodes
-        new = sorted(current - known)
-        if new:
-            msgs = [Message(hello_content(), n, HELLO_TYPE, ttl=min(self.ttl, 60.0)) for n in new]
-            for mid, n in zip(self.grid.push_messages(msgs), new):
+        self._probe(sorted(current - known))
+
+    def _probe(self, nodes: list[int]) -> None:
+        """Ask ``nodes`` who they are; ``_on_hello`` handles the answers as they arrive."""
+        if nodes:
+            msgs = [hello_message(n, min(self.ttl, 60.0)) for n in nodes]
+            for mid, n in zip(self.grid.push_messages(msgs), nodes):
                 self._hello_pending[mid] = n
 
     def _on_hello(self, node: int, rep: Message) -> None:
-        if not (rep.has_content() and "hello" in rep.content):
+        worker = parse_hello(rep)
+        if worker is None:
             log.warning("node %d did not answer the hello query", node)
             return
-        worker = int(rep.content["hello"]["partition-id"])
         if not 0 <= worker < len(self.books):
             self._ignored_nodes.add(node)
             log.warning("node %d holds partition %d, outside this run's %d workers", node, worker, len(self.books))

@@ -115,6 +115,18 @@ def hello_content() -> RecordDict:
     return RecordDict({"config": ConfigRecord({"hello": 1})})
 
 
+def hello_message(node_id: int, ttl: float) -> Message:
+    """The ``query.hello`` that asks a node which partition (worker index) it holds."""
+    return Message(hello_content(), node_id, HELLO_TYPE, ttl=ttl)
+
+
+def parse_hello(reply: Message) -> int | None:
+    """The partition id a node answered with, or None for an error or a malformed reply."""
+    if not (reply.has_content() and "hello" in reply.content.metric_records):
+        return None
+    return int(reply.content.metric_records["hello"]["partition-id"])
+
+
 def reply_content(update: np.ndarray, metrics: dict[str, Any]) -> RecordDict:
     return RecordDict(
         {"update": _array_record(UPDATE_KEY, encode_vector(update)), "metrics": MetricRecord(metrics)}

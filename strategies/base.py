@@ -22,6 +22,7 @@ from flwr.serverapp.strategy import Result, Strategy
 from fl_rescaled.clock import DelayModel, VirtualClock, WallClock
 from fl_rescaled.manager import AsyncClientManager, Completion
 from fl_rescaled.metrics import ProgressBar
+from fl_rescaled.stepsizes import vanilla_stepsize
 
 log = logging.getLogger("fl_rescaled")
 
@@ -85,6 +86,10 @@ class AsyncStrategy(Strategy):
         """Wall clock: a worker's node (re)appeared; give it work on the current model."""
         self.submit(worker)
 
+    def job_config(self) -> dict | None:
+        """Extra config every job of this strategy carries (e.g. local-training mode); default none."""
+        return None
+
     def stored_vectors(self) -> int:
         """How many model-sized vectors the server holds besides the model (gradient memory)."""
         return 0
@@ -98,9 +103,16 @@ class AsyncStrategy(Strategy):
         assert self.manager is not None
         return self.manager.num_workers
 
-    def submit(self, worker: int, config: dict | None = None) -> None:
+    def submit(self, worker: int) -> None:
+        """Send ``worker`` a job on the current model (with this strategy's ``job_config``)."""
         assert self.manager is not None
-        self.manager.submit(worker, self.x, self.manager.version, config)
+        self.manager.submit(worker, self.x, self.manager.version, self.job_config())
+
+    def vanilla_gamma(self) -> float:
+        """Vanilla ASGD's step α · τ_H / (n · τ_max) over the current τ estimates (known ones on
+        the wall clock): the base step of every method that normalises to Vanilla."""
+        assert self.manager is not None
+        return vanilla_stepsize([t for t in self.manager.tau_estimates() if not math.isnan(t)], self.lr)
 
     def apply(self, worker: int, update: np.ndarray, stepsize: float, booked: float | None = None) -> None:
         """x ← x − stepsize · update, booked as one server update triggered by ``worker``.

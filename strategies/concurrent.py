@@ -8,12 +8,9 @@ idles when the queue is empty. The draws come from a generator seeded by the run
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from fl_rescaled.manager import Completion
-from fl_rescaled.stepsizes import vanilla_stepsize
 
 from .base import AsyncStrategy
 
@@ -39,9 +36,8 @@ class ConcurrentASGD(AsyncStrategy):
             self.submit(worker)
 
     def on_completion(self, comp: Completion) -> None:
-        assert comp.update is not None and self.manager is not None
-        taus = [t for t in self.manager.tau_estimates() if not math.isnan(t)]
-        self.apply(comp.worker, comp.update, vanilla_stepsize(taus, self.lr))
+        assert comp.update is not None
+        self.apply(comp.worker, comp.update, self.vanilla_gamma())
         self.submit(int(self.rng.integers(self.n)))
 
     def on_rejected(self, comp: Completion) -> None:

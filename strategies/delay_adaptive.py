@@ -7,10 +7,8 @@
 
 from __future__ import annotations
 
-import math
-
 from fl_rescaled.manager import Completion
-from fl_rescaled.stepsizes import DELAY_RULES, delay_adaptive_stepsize, vanilla_stepsize
+from fl_rescaled.stepsizes import DELAY_RULES, delay_adaptive_stepsize
 
 from .base import ASGD
 
@@ -28,7 +26,4 @@ class DelayAdaptiveASGD(ASGD):
         return {**super().describe(), "rule": self.rule}
 
     def stepsize(self, comp: Completion) -> float:
-        assert self.manager is not None
-        taus = [t for t in self.manager.tau_estimates() if not math.isnan(t)]
-        gamma = vanilla_stepsize(taus, self.lr)
-        return delay_adaptive_stepsize(gamma, comp.delay, self.n, self.rule)
+        return delay_adaptive_stepsize(self.vanilla_gamma(), comp.delay, self.n, self.rule)

@@ -13,10 +13,7 @@ Vanilla ASGD step. The booked stepsize of an update is α_t · η · H.
 
 from __future__ import annotations
 
-import math
-
 from fl_rescaled.manager import Completion
-from fl_rescaled.stepsizes import vanilla_stepsize
 
 from .base import AsyncStrategy
 
@@ -55,16 +52,14 @@ class FedAsync(AsyncStrategy):
                 "staleness": self.staleness, "a": self.a, "b": self.b}
 
     def local_lr(self) -> float:
-        assert self.manager is not None
-        taus = [t for t in self.manager.tau_estimates() if not math.isnan(t)]
-        return vanilla_stepsize(taus, self.lr) / (self.mixing * self.local_steps)
+        return self.vanilla_gamma() / (self.mixing * self.local_steps)
 
-    def _job_config(self) -> dict:
+    def job_config(self) -> dict:
         return {"mode": "local", "local-steps": self.local_steps, "local-lr": self.local_lr(), "prox": self.prox}
 
     def on_start(self) -> None:
         for worker in range(self.n):
-            self.submit(worker, self._job_config())
+            self.submit(worker)
 
     def on_completion(self, comp: Completion) -> None:
         assert comp.update is not None and self.manager is not None
@@ -73,7 +68,4 @@ class FedAsync(AsyncStrategy):
         # x ← (1 − α_t) x + α_t (x_τ − Δ)  ==  x − α_t · (x − x_τ + Δ)
         self.apply(comp.worker, (self.x - x_tau) + comp.update, alpha_t,
                    booked=alpha_t * self.local_lr() * self.local_steps)
-        self.submit(comp.worker, self._job_config())
-
-    def on_rejected(self, comp: Completion) -> None:
-        self.submit(comp.worker, self._job_config())
+        self.submit(comp.worker)

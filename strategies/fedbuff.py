@@ -12,12 +12,9 @@ Vanilla ASGD (server lr × local lr = Vanilla's γ).
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from fl_rescaled.manager import Completion
-from fl_rescaled.stepsizes import vanilla_stepsize
 
 from .base import AsyncStrategy
 
@@ -43,11 +40,9 @@ class FedBuff(AsyncStrategy):
         return 1 if self.count else 0
 
     def local_lr(self) -> float:
-        assert self.manager is not None
-        taus = [t for t in self.manager.tau_estimates() if not math.isnan(t)]
-        return vanilla_stepsize(taus, self.lr) * self.K / (self.server_lr * self.Q)
+        return self.vanilla_gamma() * self.K / (self.server_lr * self.Q)
 
-    def _job_config(self) -> dict:
+    def job_config(self) -> dict:
         return {"mode": "local", "local-steps": self.Q, "local-lr": self.local_lr(), "prox": 0.0}
 
     def on_start(self) -> None:
@@ -55,15 +50,12 @@ class FedBuff(AsyncStrategy):
         self.count = 0
         self.weight_sum = 0.0
         for worker in range(self.n):
-            self.submit(worker, self._job_config())
+            self.submit(worker)
 
     def on_completion(self, comp: Completion) -> None:
         assert comp.update is not None
         w = 1.0 if self.p == 0 else (1.0 + comp.delay) ** (-self.p)
-        if w == 1.0:
-            self.buffer += comp.update
-        else:
-            self.buffer += w * comp.update
+        self.buffer += w * comp.update
         self.count += 1
         self.weight_sum += w
         if self.count == self.K:
@@ -72,7 +64,4 @@ class FedBuff(AsyncStrategy):
             self.buffer[:] = 0
             self.count = 0
             self.weight_sum = 0.0
-        self.submit(comp.worker, self._job_config())
-
-    def on_rejected(self, comp: Completion) -> None:
-        self.submit(comp.worker, self._job_config())
+        self.submit(comp.worker)
