@@ -10,22 +10,30 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 
-def _atomic_write(path: Path, write) -> None:
+@contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a fresh temporary path beside ``path``; on success it replaces ``path`` in one step.
+
+    Readers never see a half-written file, and a failure leaves ``path`` as it was.
+    """
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(name)
     try:
-        with os.fdopen(fd, "wb") as fh:
-            write(fh)
+        yield tmp
         os.replace(tmp, path)
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        tmp.unlink(missing_ok=True)
         raise
 
 
@@ -36,8 +44,10 @@ def save_checkpoint(stem: str | Path, params: np.ndarray, summary: dict[str, Any
     meta = {k: v for k, v in summary.items() if k not in ("history", "final_model")}
     meta["model_size"] = int(flat.size)
     meta["model_dtype"] = str(flat.dtype)
-    _atomic_write(model_path, lambda fh: np.savez(fh, model=flat))
-    _atomic_write(meta_path, lambda fh: fh.write(json.dumps(meta, default=float, indent=1).encode()))
+    with atomic_path(model_path) as tmp, tmp.open("wb") as fh:
+        np.savez(fh, model=flat)
+    with atomic_path(meta_path) as tmp:
+        tmp.write_text(json.dumps(meta, default=float, indent=1))
     return model_path, meta_path
 
 

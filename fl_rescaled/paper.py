@@ -35,6 +35,9 @@ from typing import Any
 
 import numpy as np
 
+from .checkpoints import atomic_path
+from .metrics import write_history_csv
+
 METHODS = ("rescaled", "malenia", "ringleader", "vanilla", "delay-adaptive")
 PAPER_METHODS = ("rescaled", "malenia", "ringleader")
 SETTINGS = ("fixed", "exponential")
@@ -93,29 +96,20 @@ def next_down(a: float) -> float:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
 
 
 def atomic_write_csv(path: Path, history: list[dict[str, Any]]) -> None:
-    from .metrics import write_history_csv
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    write_history_csv(tmp, history)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        write_history_csv(tmp, history)
 
 
 def write_table_csv(path: Path, header: list[str], rows: list[list[Any]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with tmp.open("w", newline="") as fh:
+    with atomic_path(path) as tmp, tmp.open("w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(header)
         w.writerows([[repr(v) if isinstance(v, float) else v for v in r] for r in rows])
-    os.replace(tmp, path)
 
 
 def finite(v: Any) -> bool:
