@@ -15,7 +15,7 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fl_rescaled.messages import MODEL_KEY, decode_vector, reply_content
-from fl_rescaled.tasks import client_rng, get_task, local_sgd
+from fl_rescaled.tasks import get_task, job_rng, local_sgd
 
 app = ClientApp()
 _BUFFERS = threading.local()
@@ -71,7 +71,7 @@ def train(msg: Message, context: Context) -> Message:
     task = get_task(str(cfg["task"]))
     pid = partition_id(context)
     x = decode_vector(content["arrays"][MODEL_KEY])
-    rng = client_rng(task.seed, pid, int(cfg["job-seq"]))
+    rng = job_rng(task, pid, int(cfg["job-seq"]))
     if cfg.get("mode", "gradient") == "local":
         grad, loss = local_sgd(task, x, pid, rng, int(cfg["local-steps"]), float(cfg["local-lr"]),
                                float(cfg.get("prox", 0.0)))

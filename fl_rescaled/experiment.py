@@ -195,6 +195,76 @@ def run(spec: RunSpec, grid: Grid | None = None, *, clock: VirtualClock | WallCl
     spec = spec.resolved()
     cfg = spec.task_config()
     task = get_task(cfg)
+    strategy = make_strategy(spec)
+    strategy.jobs_per_node = spec.jobs_per_node
+    wall = _start(spec, cfg, task, strategy, task.initial_params(spec.seed, spec.quad_x0), grid, clock)
+    params = strategy.x.copy()
+    out = _outcome(spec, strategy, strategy.history, params, wall, task)
+    if spec.out:
+        odir = Path(spec.out)
+        stem = f"{spec.task}_{spec.strategy}_lr{spec.lr:g}_seed{spec.seed}"
+        out["csv"] = str(write_history_csv(odir / f"{stem}.csv", strategy.history))
+        out["checkpoint"] = str(save_checkpoint(odir / stem, params, out)[0])
+        out["png"] = str(plot_curves(odir / f"{stem}.png", {f"{spec.strategy} α={spec.lr:g}": strategy.history},
+                                     logy=spec.task == "mnist"))
+    return out
+
+
+def run_batch(spec: RunSpec, lrs: list[float], seeds: list[int]) -> list[dict[str, Any]]:
+    """Run R MNIST replicas that share one event order in a single event loop; one outcome each.
+
+    Replica r is the run ``spec`` with α = ``lrs[r]`` and seed ``seeds[r]``: the strategy applies
+    each replica's own step to its own model, and every job computes all R minibatch gradients in
+    one batched call (``tasks.ReplicaTask``). The event order must not depend on the replica:
+    virtual clock only, and with exponential compute times (drawn from the seed) one seed for all.
+    Each outcome's model matches ``run`` of that replica bit for bit with one torch thread (same
+    events, minibatches and update rounding; with more threads the batched matrix product may sum
+    in another order), its evaluated losses to float32 rounding; a replica whose gradient turns non-finite is frozen and
+    counted under ``rejected["non-finite"]`` instead of being rejected for every replica.
+    """
+    spec = spec.resolved()
+    if len(lrs) != len(seeds) or not lrs:
+        raise ValueError("run_batch needs one seed per α")
+    if spec.task != "mnist" or spec.clock != "virtual":
+        raise ValueError("batched replicas: the mnist task on the virtual clock only")
+    if spec.delays != "fixed" and len(set(seeds)) > 1:
+        raise ValueError("with random compute times the replicas of one batch must share the seed")
+    spec.seed = int(seeds[0])
+    cfg = {**spec.task_config(), "replica-seeds": [int(s) for s in seeds]}
+    task = get_task(cfg)
+    strategy = make_strategy(spec)
+    strategy.set_replicas([float(a) for a in lrs])
+    wall = _start(spec, cfg, task, strategy, task.initial_params(), None, None)
+    R, P = len(lrs), task.base.size
+    n = spec.num_clients or task.num_workers
+    params = strategy.x.reshape(R, P).copy()
+    outs = []
+    for r, (lr, seed) in enumerate(zip(lrs, seeds)):
+        hist = []
+        for row in strategy.history:
+            h = dict(row)
+            h["cumulative_stepsize"] = row["cumulative_stepsize"] * lr
+            for key in ("loss", "accuracy"):
+                if key in row:
+                    h[key] = row[key][r]
+            if "client_losses" in row:
+                h["client_losses"] = row["client_losses"][r * n:(r + 1) * n]
+            hist.append(h)
+        rspec = RunSpec(**{**asdict(spec), "lr": float(lr), "seed": int(seed)})
+        out = _outcome(rspec, strategy, hist, params[r], wall / R, task)
+        out["cumulative_stepsize"] = strategy.manager.stepsize_sum * lr
+        if r in strategy.frozen_replicas:
+            out["rejected"] = {**out["rejected"], "non-finite": 1}
+            out["frozen_at"] = strategy.frozen_replicas[r]
+        out["batch"] = {"replicas": R, "index": r, "wall_seconds": wall}
+        outs.append(out)
+    return outs
+
+
+def _start(spec: RunSpec, cfg: dict[str, Any], task, strategy, x0: np.ndarray, grid: Grid | None,
+           clock: VirtualClock | WallClock | None) -> float:
+    """Build the grid and clock the spec asks for (unless given), run the strategy's loop on them;
+    return the wall seconds the loop took."""
     if grid is None:
         from clients.client_app import app as client_app
 
@@ -213,11 +283,8 @@ def run(spec: RunSpec, grid: Grid | None = None, *, clock: VirtualClock | WallCl
         # Clients sleep τ_i time units per job (τ_i from their node config if set there, else this).
         train_config.update({"emulate": spec.emulate, "time-unit": spec.time_unit})
         options["worker_config"] = [{"tau": float(t)} for t in spec.taus]
-    strategy = make_strategy(spec)
-    strategy.jobs_per_node = spec.jobs_per_node
-    x0 = task.initial_params(spec.seed, spec.quad_x0)
     wall0 = time.perf_counter()
-    result = strategy.start(
+    strategy.start(
         grid=grid,
         initial_arrays=ArrayRecord({"model": Array(x0)}),
         time_budget=spec.budget,
@@ -230,9 +297,13 @@ def run(spec: RunSpec, grid: Grid | None = None, *, clock: VirtualClock | WallCl
         num_workers=spec.num_clients,
         progress=spec.progress,
     )
-    wall = time.perf_counter() - wall0
-    final = strategy.history[-1]
-    params = result.arrays["model"].numpy().reshape(-1)
+    return time.perf_counter() - wall0
+
+
+def _outcome(spec: RunSpec, strategy, history: list[dict[str, Any]], params: np.ndarray, wall: float,
+             task) -> dict[str, Any]:
+    """The flat result dict of one run (one replica of a batch) from its history and final model."""
+    final = history[-1]
     manager = strategy.manager
     out: dict[str, Any] = {
         "strategy": spec.strategy,
@@ -244,6 +315,7 @@ def run(spec: RunSpec, grid: Grid | None = None, *, clock: VirtualClock | WallCl
         "taus": list(spec.taus or []),
         "final_time": final["time"],
         "num_updates": manager.version,
+        "gradients": sum(b.jobs_done for b in manager.books),
         "updates_per_worker": final["updates_per_worker"],
         "cumulative_stepsize": manager.stepsize_sum,
         "final_loss": final.get("loss"),
@@ -253,7 +325,7 @@ def run(spec: RunSpec, grid: Grid | None = None, *, clock: VirtualClock | WallCl
         "wasted_time": final.get("wasted_time", 0.0),
         "idle_share_per_worker": final["idle_share_per_worker"],
         "lost_per_worker": final["lost_per_worker"],
-        "stored_vectors_max": max(h["stored_vectors"] for h in strategy.history),
+        "stored_vectors_max": max(h["stored_vectors"] for h in history),
         "wall_seconds": wall,
         "tau_stats": tau_stats(spec.taus),
     }
@@ -265,15 +337,8 @@ def run(spec: RunSpec, grid: Grid | None = None, *, clock: VirtualClock | WallCl
         out["dist"] = final.get("dist")
     else:
         out["data_source"] = getattr(task, "source", "")
-    out["history"] = strategy.history
+    out["history"] = history
     out["final_model"] = params
-    if spec.out:
-        odir = Path(spec.out)
-        stem = f"{spec.task}_{spec.strategy}_lr{spec.lr:g}_seed{spec.seed}"
-        out["csv"] = str(write_history_csv(odir / f"{stem}.csv", strategy.history))
-        out["checkpoint"] = str(save_checkpoint(odir / stem, params, out)[0])
-        out["png"] = str(plot_curves(odir / f"{stem}.png", {f"{spec.strategy} α={spec.lr:g}": strategy.history},
-                                     logy=spec.task == "mnist"))
     return out
 
 

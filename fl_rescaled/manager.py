@@ -135,6 +135,7 @@ class AsyncClientManager:
         self.worker_of_node: dict[int, int] = {}
         self.version = 0  # k: server updates applied so far
         self.stepsize_sum = 0.0
+        self.replicas = 1  # batched runs: the model is this many replicas end to end (see parse_reply)
         self.inflight: dict[str, Job] = {}
         self.rejections: Counter[str] = Counter()
         self._next_job_id = 0
@@ -337,7 +338,7 @@ class AsyncClientManager:
             log.warning("job %d (worker %d) lost: %s", job.job_id, job.worker, comp.rejected)
         else:
             try:
-                comp.update, comp.metrics = parse_reply(reply, job.job_id, self._model_size())
+                comp.update, comp.metrics = parse_reply(reply, job.job_id, self._model_size(), self.replicas)
             except RejectedReply as rej:
                 comp.rejected = rej.reason
                 log.warning(

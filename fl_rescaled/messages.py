@@ -133,8 +133,13 @@ def reply_content(update: np.ndarray, metrics: dict[str, Any]) -> RecordDict:
     )
 
 
-def parse_reply(reply: Message, job_id: int, size: int) -> tuple[np.ndarray, dict[str, Any]]:
-    """Validate a job's reply and return (update vector, metrics) or raise ``RejectedReply``."""
+def parse_reply(reply: Message, job_id: int, size: int, replicas: int = 1) -> tuple[np.ndarray, dict[str, Any]]:
+    """Validate a job's reply and return (update vector, metrics) or raise ``RejectedReply``.
+
+    ``replicas`` > 1 (batched runs: the vector is R replicas' updates end to end): a replica
+    whose slice is non-finite is zeroed in a copy and named in ``metrics["nonfinite-replicas"]``
+    instead of rejecting the reply for every replica (the strategy freezes that replica).
+    """
     if reply.has_error():
         err = reply.error
         raise RejectedReply(f"error-code-{err.code}", str(err.reason)[:200])
@@ -165,5 +170,11 @@ def parse_reply(reply: Message, job_id: int, size: int) -> tuple[np.ndarray, dic
         raise RejectedReply("wrong-dtype", str(vec.dtype))
     # A sum is finite only if every term is; the exact test runs only when it is not (overflow).
     if not np.isfinite(np.dot(vec, vec)) and not np.isfinite(vec).all():
-        raise RejectedReply("non-finite")
+        if replicas <= 1:
+            raise RejectedReply("non-finite")
+        rows = vec.reshape(replicas, -1).copy()
+        bad = ~np.isfinite(rows).all(axis=1)
+        rows[bad] = 0.0
+        vec = rows.reshape(-1)
+        metrics["nonfinite-replicas"] = [int(r) for r in np.flatnonzero(bad)]
     return vec, metrics

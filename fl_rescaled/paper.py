@@ -161,22 +161,33 @@ def load_stored(out: Path, key: RunKey, budget: float, eval_every: float) -> dic
     return rec
 
 
-def execute_run(job: dict[str, Any]) -> dict[str, Any]:
-    """Run one MNIST simulation and store it (CSV history, then the JSON record last).
+def execute_batch(job: dict[str, Any]) -> list[dict[str, Any]]:
+    """Run the runs of one job and store each (CSV history, then the JSON record last).
 
-    Module-level so worker processes can run it; returns the record, or {"error": ...}.
+    ``job["runs"]``: [(α, seed), …] of one (setting, method) that share an event order; one run is
+    ``experiment.run``, several are one batched ``experiment.run_batch`` (every replica's gradient
+    in one call per event). Module-level so worker processes can run it; returns one record, or
+    {"error": ...}, per run.
     """
-    from .experiment import RunSpec, run
+    from .experiment import RunSpec, run, run_batch
 
-    key = RunKey(job["setting"], job["method"], job["lr"], job["seed"])
+    keys = [RunKey(job["setting"], job["method"], float(a), int(sd)) for a, sd in job["runs"]]
     out = Path(job["out"])
-    csv_path, json_path = run_paths(out, key)
     t0 = time.perf_counter()
+    spec = RunSpec(task="mnist", strategy=keys[0].method, lr=keys[0].lr, delays=keys[0].setting, seed=keys[0].seed,
+                   budget=job["budget"], eval_every=job["eval_every"], progress=job.get("bar", False))
     try:
-        outcome = run(RunSpec(task="mnist", strategy=key.method, lr=key.lr, delays=key.setting, seed=key.seed,
-                              budget=job["budget"], eval_every=job["eval_every"], progress=job.get("bar", False)))
-    except Exception as exc:  # noqa: BLE001 - reported to the driver, which counts the run as failed
-        return {"error": f"{type(exc).__name__}: {exc}", "key": key.__dict__}
+        outcomes = [run(spec)] if len(keys) == 1 else run_batch(spec, [k.lr for k in keys], [k.seed for k in keys])
+    except Exception as exc:  # noqa: BLE001 - reported to the driver, which counts the runs as failed
+        return [{"error": f"{type(exc).__name__}: {exc}", "key": k.__dict__} for k in keys]
+    wall = time.perf_counter() - t0
+    return [_store(out, key, outcome, job["eval_every"], wall / len(keys), len(keys))
+            for key, outcome in zip(keys, outcomes)]
+
+
+def _store(out: Path, key: RunKey, outcome: dict[str, Any], eval_every: float, wall: float,
+           replicas: int) -> dict[str, Any]:
+    csv_path, json_path = run_paths(out, key)
     history = outcome.pop("history")
     losses = [h.get("loss", math.nan) for h in history]
     final = outcome.get("final_loss")
@@ -185,11 +196,12 @@ def execute_run(job: dict[str, Any]) -> dict[str, Any]:
     rec = {
         "schema": SCHEMA,
         **{k: v for k, v in outcome.items() if k not in ("csv", "png", "checkpoint") and not isinstance(v, np.ndarray)},
-        "eval_every": job["eval_every"],
+        "eval_every": eval_every,
         "initial_loss": losses[0],
         "diverged": bool(diverged),
         "nonfinite_rejections": nonfinite,
-        "wall_total": time.perf_counter() - t0,
+        "wall_total": wall,  # this run's share of its batch's wall time
+        "batch_replicas": replicas,
         "csv": str(csv_path.relative_to(out)),
     }
     atomic_write_csv(csv_path, history)
@@ -294,6 +306,7 @@ class StudyConfig:
     workers: int
     threads: int
     progress: bool
+    batch: int
     eval_points: int
     max_extend: int
     quick: bool
@@ -336,6 +349,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=1, help="parallel processes (default 1)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads per process (default 1: faster on a shared machine, see REPORT.md)")
+    p.add_argument("--batch", type=int, default=5,
+                   help="most runs computed together as replicas of one event loop (runs of one method that "
+                        "share the event order: fixed τ, or one seed; default 5; 1 = one run at a time)")
     p.add_argument("--no-progress", action="store_true", help="no per-run lines")
     return p
 
@@ -367,6 +383,7 @@ def config_from_args(argv: list[str]) -> StudyConfig:
         workers=max(1, int(a.workers)),
         threads=max(1, int(a.threads)),
         progress=not a.no_progress,
+        batch=max(1, int(a.batch)),
         eval_points=int(a.eval_points if a.eval_points is not None else base["eval_points"]),
         max_extend=int(a.max_extend if a.max_extend is not None else base["max_extend"]),
         quick=bool(a.quick),
@@ -388,6 +405,7 @@ class Runner:
         self.sweeps = [Sweep(s, m, list(cfg.grid), cfg.seeds, cfg.max_extend)
                        for s in cfg.settings for m in cfg.methods]
         self.computed = 0
+        self.gradients = 0  # minibatch gradients (replica-steps) of the runs computed now
         self.reused = 0
         self.failed: list[dict[str, Any]] = []
         self.done = 0
@@ -397,10 +415,10 @@ class Runner:
     def total(self) -> int:
         return sum(sw.planned() for sw in self.sweeps)
 
-    def _job(self, sw: Sweep, k: tuple[float, int]) -> dict[str, Any]:
+    def _job(self, sw: Sweep, ks: list[tuple[float, int]]) -> dict[str, Any]:
         # A live progress bar (stderr) only when runs are made here, one at a time, on a terminal.
-        bar = self.cfg.progress and self.cfg.workers <= 1 and sys.stderr.isatty()
-        return {"setting": sw.setting, "method": sw.method, "lr": k[0], "seed": k[1], "out": str(self.cfg.out),
+        bar = self.cfg.progress and self.cfg.workers <= 1 and len(ks) == 1 and sys.stderr.isatty()
+        return {"setting": sw.setting, "method": sw.method, "runs": [list(k) for k in ks], "out": str(self.cfg.out),
                 "budget": self.cfg.budget, "eval_every": self.cfg.eval_every, "bar": bar}
 
     def _finish(self, sw: Sweep, k: tuple[float, int], rec: dict[str, Any]) -> None:
@@ -413,6 +431,7 @@ class Runner:
             return
         sw.results[k] = rec
         self.computed += 1
+        self.gradients += int(rec.get("gradients", 0))
         self.stage_seconds["sweep" if k[1] == 0 else "seeds"] += rec.get("wall_total", 0.0)
         if self.cfg.progress:
             loss = rec["final_loss"]
@@ -420,8 +439,9 @@ class Runner:
             # ETA: the mean wall time per run computed so far, times the runs still planned.
             per = (time.perf_counter() - self.t0) / self.computed
             eta = per * max(self.total() - self.done, 0)
+            batch = f" ×{rec['batch_replicas']}" if rec.get("batch_replicas", 1) > 1 else ""
             print(f"[{self.done}/{self.total()}] {sw.method:<15}{sw.setting:<12}α={fmt_lr(k[0]):<8}seed={k[1]}  "
-                  f"final loss {loss:.4g}{div}  {rec.get('wall_total', 0.0):.1f} s  (eta {eta / 60:.0f} min)",
+                  f"final loss {loss:.4g}{div}  {rec.get('wall_total', 0.0):.1f} s{batch}  (eta {eta / 60:.0f} min)",
                   flush=True)
 
     def _collect_needed(self, inflight: set[tuple[int, tuple[float, int]]]) -> list[tuple[Sweep, tuple[float, int]]]:
@@ -446,6 +466,20 @@ class Runner:
                         todo.append((sw, k))
         return todo
 
+    def _batches(self, todo: list[tuple[Sweep, tuple[float, int]]]) -> list[tuple[Sweep, list[tuple[float, int]]]]:
+        """Group the needed runs into jobs of runs that share an event order: one (setting, method)
+        and, unless compute times are fixed (then every α and seed has the same events), one seed;
+        at most ``--batch`` runs per job."""
+        groups: dict[tuple[int, int], tuple[Sweep, list[tuple[float, int]]]] = {}
+        for sw, k in todo:
+            gkey = (id(sw), -1 if sw.setting == "fixed" else k[1])
+            groups.setdefault(gkey, (sw, []))[1].append(k)
+        jobs = []
+        for sw, ks in groups.values():
+            for i in range(0, len(ks), self.cfg.batch):
+                jobs.append((sw, ks[i:i + self.cfg.batch]))
+        return jobs
+
     def run(self) -> None:
         self.t0 = time.perf_counter()
         if self.cfg.workers <= 1:
@@ -456,11 +490,12 @@ class Runner:
     def _run_inline(self) -> None:
         _worker_init(self.cfg.threads)
         while True:
-            todo = self._collect_needed(set())
-            if not todo:
+            jobs = self._batches(self._collect_needed(set()))
+            if not jobs:
                 return
-            sw, k = todo[0]
-            self._finish(sw, k, execute_run(self._job(sw, k)))
+            sw, ks = jobs[0]
+            for k, rec in zip(ks, execute_batch(self._job(sw, ks))):
+                self._finish(sw, k, rec)
 
     def _run_pool(self) -> None:
         import multiprocessing as mp
@@ -470,27 +505,28 @@ class Runner:
         index = {id(sw): i for i, sw in enumerate(self.sweeps)}
         pool = ProcessPoolExecutor(self.cfg.workers, mp_context=ctx, initializer=_worker_init,
                                    initargs=(self.cfg.threads,))
-        futures: dict[Any, tuple[Sweep, tuple[float, int]]] = {}
+        futures: dict[Any, tuple[Sweep, list[tuple[float, int]]]] = {}
         inflight: set[tuple[int, tuple[float, int]]] = set()
         try:
             while True:
-                # At most `workers` runs in the pool, so decisions (grid extensions) are not delayed.
-                for sw, k in self._collect_needed(inflight):
+                # At most `workers` jobs in the pool, so decisions (grid extensions) are not delayed.
+                for sw, ks in self._batches(self._collect_needed(inflight)):
                     if len(futures) >= self.cfg.workers:
                         break
-                    futures[pool.submit(execute_run, self._job(sw, k))] = (sw, k)
-                    inflight.add((index[id(sw)], k))
+                    futures[pool.submit(execute_batch, self._job(sw, ks))] = (sw, ks)
+                    inflight.update((index[id(sw)], k) for k in ks)
                 if not futures:
                     break
                 done, _ = wait(list(futures), return_when=FIRST_COMPLETED)
                 for fut in done:
-                    sw, k = futures.pop(fut)
-                    inflight.discard((index[id(sw)], k))
+                    sw, ks = futures.pop(fut)
+                    inflight.difference_update((index[id(sw)], k) for k in ks)
                     try:
-                        rec = fut.result()
+                        recs = fut.result()
                     except Exception as exc:  # noqa: BLE001 - a crashed worker process
-                        rec = {"error": f"{type(exc).__name__}: {exc}"}
-                    self._finish(sw, k, rec)
+                        recs = [{"error": f"{type(exc).__name__}: {exc}"} for _ in ks]
+                    for k, rec in zip(ks, recs):
+                        self._finish(sw, k, rec)
         except BaseException:
             # Interrupted: drop queued runs, stop the running ones (a run writes nothing partial).
             processes = list((getattr(pool, "_processes", None) or {}).values())
@@ -692,6 +728,37 @@ def machine_info(threads: int, workers: int) -> dict[str, Any]:
             "load": " ".join(f"{v:.2f}" for v in load)}
 
 
+def bare_loop_rate(seconds: float) -> float:
+    """Steps/s of a bare loop of the paper's MLP step on this process's torch threads: one model,
+    a minibatch gradient (the hand-written one every run uses) and an in-place SGD step, no Flower,
+    no strategy, no evaluation. The yardstick for the study's replica-steps per second."""
+    from .tasks import client_rng, get_task
+
+    task = get_task({"task": "mnist", "seed": 0, "num-partitions": 10, "batch-size": 64, "dirichlet-alpha": 0.0})
+    x = task.initial_params(0)
+    buf = np.empty_like(x)
+    k, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(50):
+            g, _ = task.gradient(x, k % 10, client_rng(0, k % 10, k), 64, out=buf)
+            x -= np.float32(0.01) * g
+            k += 1
+    return k / (time.perf_counter() - t0)
+
+
+def read_timing_log(out: Path) -> list[dict[str, Any]]:
+    path = out / "timing.jsonl"
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    return rows
+
+
 def _med(vals: list[float]) -> float:
     v = [x for x in vals if x is not None]
     return float(np.median(v)) if v else math.nan
@@ -885,8 +952,30 @@ def write_report(cfg: StudyConfig, runner: Runner, summ: dict, chosen: dict, cur
     L.append(f"- Processes: {cfg.workers} × {cfg.threads} torch thread(s).")
     L.append(f"- This invocation: {runner.computed} run(s) computed, {runner.reused} reused from `runs/`"
              + (f", {len(runner.failed)} FAILED" if runner.failed else "") + ".")
+    L.append(f"- Runs of one method that share an event order are computed together, up to {cfg.batch} "
+             "replicas per event loop (one batched gradient call per event; `--batch`).")
     for k, v in timings.items():
         L.append(f"- Wall time, {k}: {v:.1f} s")
+    log_rows = read_timing_log(cfg.out)
+    if log_rows:
+        L.append("")
+        L.append("Every invocation that computed runs (`timing.jsonl`); replica-steps = minibatch gradients of "
+                 "all runs computed, bare loop = the same MLP step in a plain loop, one process, measured in "
+                 "that invocation:")
+        L.append("")
+        L.append("| started | engine | processes × threads | runs | MNIST stage wall | replica-steps/s "
+                 "(all processes) | bare loop steps/s (1 process) | note |")
+        L.append("|---|---|---|---|---|---|---|---|")
+        for r in log_rows:
+            rate = r["gradients"] / r["seconds"] if r.get("seconds") else math.nan
+            bare = r.get("bare_steps_per_s")
+            L.append(f"| {r.get('started', '')} | {r.get('engine', '')} | {r.get('workers', '?')} × "
+                     f"{r.get('threads', '?')} | {r.get('computed', 0)} | {r.get('seconds', 0) / 60:.1f} min | "
+                     f"{rate:.0f} | {_f(bare, '.0f') if bare else '—'} | {r.get('note', '')} |")
+        total = sum(r.get("seconds", 0.0) for r in log_rows)
+        L.append("")
+        L.append(f"- **Whole study, MNIST runs: {total / 60:.1f} min of wall time over {len(log_rows)} "
+                 f"invocation(s)**, {sum(r.get('gradients', 0) for r in log_rows):,} replica-steps.")
     all_recs = [r for sw in runner.sweeps for r in sw.results.values()]
     sweep_secs = sum(r.get("wall_seconds", 0.0) for sw in runner.sweeps for (_, seed), r in sw.results.items()
                      if seed == 0)
@@ -965,6 +1054,19 @@ def write_report(cfg: StudyConfig, runner: Runner, summ: dict, chosen: dict, cur
 
 
 # ------------------------------------------------------------------------------------------ main
+def _log_timing(cfg: StudyConfig, runner: Runner, started: str, seconds: float, bare: float | None,
+                note: str) -> None:
+    """Append this invocation's MNIST-stage figures to ``timing.jsonl`` (the study may take several)."""
+    if not runner.computed:
+        return
+    row = {"started": started, "seconds": seconds, "computed": runner.computed, "gradients": runner.gradients,
+           "workers": cfg.workers, "threads": cfg.threads, "batch": cfg.batch,
+           "engine": f"batched ≤{cfg.batch}" if cfg.batch > 1 else "one run per loop",
+           "bare_steps_per_s": bare, "note": note}
+    with (cfg.out / "timing.jsonl").open("a") as fh:
+        fh.write(json.dumps(row) + "\n")
+
+
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
@@ -991,9 +1093,15 @@ def main(argv: list[str] | None = None) -> int:
     previous = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _interrupt)
+    bare = None
+    if runner.total() > runner.reused:  # something to compute: measure the yardstick first
+        bare = bare_loop_rate(2.0 if cfg.quick else 5.0)
+        say(f"bare loop of the MLP step: {bare:.0f} steps/s (1 process, {cfg.threads} thread(s))", flush=True)
+    started = time.strftime("%Y-%m-%d %H:%M")
     try:
         runner.run()
     except KeyboardInterrupt:
+        _log_timing(cfg, runner, started, time.perf_counter() - t0, bare, "interrupted")
         print(f"paper study interrupted: {runner.computed} run(s) computed and {runner.reused} reused so far are "
               f"stored under {cfg.out / 'runs'}; run the same command again to resume.", file=sys.stderr, flush=True)
         return 130
@@ -1001,6 +1109,12 @@ def main(argv: list[str] | None = None) -> int:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     timings["MNIST runs (this invocation)"] = time.perf_counter() - t0
+    if runner.computed:
+        _log_timing(cfg, runner, started, timings["MNIST runs (this invocation)"], bare, "")
+        rate = runner.gradients / timings["MNIST runs (this invocation)"]
+        say(f"MNIST runs: {runner.computed} computed, {runner.gradients:,} replica-steps in "
+            f"{timings['MNIST runs (this invocation)']:.0f} s = {rate:.0f} replica-steps/s over {cfg.workers} "
+            f"process(es); bare loop {bare or math.nan:.0f} steps/s in one process", flush=True)
     for k, v in runner.stage_seconds.items():
         if v:
             timings[f"computed {k} runs (sum of run times)"] = v

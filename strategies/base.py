@@ -67,6 +67,18 @@ class AsyncStrategy(Strategy):
         self.history: list[dict[str, Any]] = []
         self.jobs_per_node = 1  # jobs kept in flight per worker (ASGD family; wall clock)
         self.on_event: Callable[[Completion, np.ndarray], None] | None = None
+        #: Batched runs (``set_replicas``): α of every replica; the strategy then runs with lr = 1
+        #: and each replica's step is the unit step times its α (every stepsize rule is linear in α).
+        self.replica_lrs: np.ndarray | None = None
+        self.frozen_replicas: dict[int, float] = {}  # replica -> time its gradient went non-finite
+
+    def set_replicas(self, lrs: list[float]) -> None:
+        """Run R replicas that differ only in α (and seed) in one event loop: the model is their
+        flat vectors end to end, every event applies each replica's own step α_r · γ_unit."""
+        if not lrs or any(not (a > 0 and math.isfinite(a)) for a in lrs):
+            raise ValueError("every replica's α must be positive")
+        self.replica_lrs = np.asarray(lrs, dtype=np.float64)
+        self.lr = 1.0
 
     # ---------------------------------------------------------------- hooks for subclasses
     def on_start(self) -> None:  # pragma: no cover - abstract in spirit
@@ -122,7 +134,12 @@ class AsyncStrategy(Strategy):
         """
         if self._scratch.shape != self.x.shape:
             self._scratch = np.empty_like(self.x)
-        np.multiply(update, stepsize, out=self._scratch, casting="same_kind")
+        if self.replica_lrs is None:
+            np.multiply(update, stepsize, out=self._scratch, casting="same_kind")
+        else:  # each replica's step in the update's precision, as its own run would take α · γ_unit
+            R = len(self.replica_lrs)
+            steps = (stepsize * self.replica_lrs).astype(update.dtype)
+            np.multiply(update.reshape(R, -1), steps[:, None], out=self._scratch.reshape(R, -1))
         np.subtract(self.x, self._scratch, out=self.x)
         assert self.manager is not None
         self.manager.record_update(worker, stepsize if booked is None else booked)
@@ -187,6 +204,12 @@ class AsyncStrategy(Strategy):
         self.manager = AsyncClientManager(grid, clock, train_config=cfg, ttl=timeout, **(manager_options or {}))
         self.manager.connect(num_workers)
         self.x, layout = flatten_arrays(initial_arrays)
+        if self.replica_lrs is not None:
+            if self.x.size % len(self.replica_lrs):
+                raise ValueError("the initial model is not R replicas end to end")
+            self.manager.replicas = len(self.replica_lrs)
+            self.replica_lrs = self.replica_lrs.copy()
+            self.frozen_replicas = {}
         self.history = []
         eval_every = float(eval_every) if eval_every else time_budget / 200.0
         result = Result()
@@ -215,6 +238,8 @@ class AsyncStrategy(Strategy):
             if comp is None:
                 break
             if comp.ok:
+                if "nonfinite-replicas" in comp.metrics:
+                    self._freeze(comp.metrics["nonfinite-replicas"], t)
                 if "loss" in comp.metrics:
                     client_losses.append(float(comp.metrics["loss"]))
                 self.on_completion(comp)
@@ -228,6 +253,16 @@ class AsyncStrategy(Strategy):
         self.wall_seconds = time.perf_counter() - wall0
         result.arrays = unflatten_arrays(self.x, layout)
         return result
+
+    def _freeze(self, replicas: list[int], t: float) -> None:
+        """A replica whose gradient went non-finite has diverged: its model stops moving (α_r = 0)
+        while the other replicas go on with the same events."""
+        assert self.replica_lrs is not None
+        for r in replicas:
+            if r not in self.frozen_replicas:
+                self.frozen_replicas[int(r)] = float(t)
+                self.replica_lrs[int(r)] = 0.0
+                log.warning("replica %d: non-finite gradient at t=%g; replica frozen (diverged)", r, t)
 
     def _evaluate(self, step, t, evaluate_fn, layout, result, client_losses) -> dict[str, Any]:
         manager = self.manager

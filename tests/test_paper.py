@@ -100,12 +100,28 @@ def test_every_run_stored_as_csv_and_json(study):
 
 
 @MNIST
+def test_runs_sharing_an_event_order_are_batched_and_timed(study):
+    out = study["out"]
+    for setting in ("fixed", "exponential"):
+        for method in ("rescaled", "malenia"):
+            recs = [json.loads((out / "runs" / setting / method / f"lr{a:g}_seed0.json").read_text()) for a in (0.1, 1.0)]
+            assert [r["batch_replicas"] for r in recs] == [2, 2]  # the α sweep: one event loop
+            assert recs[0]["gradients"] == recs[1]["gradients"] > 0
+    rows = [json.loads(line) for line in (out / "timing.jsonl").read_text().splitlines()]
+    assert len(rows) == 1 and rows[0]["computed"] == 30
+    assert rows[0]["gradients"] > 0 and rows[0]["bare_steps_per_s"] > 0
+    text = (out / "REPORT.md").read_text()
+    assert "replica-steps/s" in text and "bare loop steps/s" in text
+
+
+@MNIST
 def test_second_invocation_reuses_everything(study, second):
     assert second["rc"] == 0
     assert second["summary"]["computed"] == 0
     assert second["summary"]["reused"] == study["first"]["computed"]
     assert second["summary"]["chosen"] == study["first"]["chosen"]
     assert "0 run(s) computed" in (study["out"] / "REPORT.md").read_text()
+    assert len((study["out"] / "timing.jsonl").read_text().splitlines()) == 1  # nothing computed: no new row
 
 
 def test_sweep_extends_past_the_edge():

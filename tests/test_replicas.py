@@ -1,0 +1,100 @@
+"""Batched replicas: runs that share an event order computed in one event loop must give each run's
+own trajectory, and a replica that diverges must not touch the others."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import Message
+
+from fl_rescaled.experiment import RunSpec, run, run_batch
+from fl_rescaled.messages import RejectedReply, parse_reply, reply_content
+
+
+def _reply(vec: np.ndarray, job_id: int = 5) -> Message:
+    from clients.client_app import app
+    from fl_rescaled.grid import InProcessGrid
+
+    InProcessGrid(app, 1)  # a run context, which Flower needs to build a Message
+    return Message(reply_content(vec.astype(np.float32), {"job-id": job_id, "loss": 0.0}), 1, "train")
+
+
+def test_nonfinite_replica_is_zeroed_and_named_not_the_whole_reply():
+    vec = np.arange(12, dtype=np.float32)
+    vec[5] = np.nan  # replica 1 of 3 (4 values each)
+    out, metrics = parse_reply(_reply(vec), 5, 12, replicas=3)
+    assert metrics["nonfinite-replicas"] == [1]
+    assert np.all(out[4:8] == 0)
+    np.testing.assert_array_equal(out[:4], vec[:4])
+    np.testing.assert_array_equal(out[8:], vec[8:])
+    with pytest.raises(RejectedReply) as exc:  # a single run still rejects the reply
+        parse_reply(_reply(vec), 5, 12)
+    assert exc.value.reason == "non-finite"
+    vec[5] = 1.0
+    out, metrics = parse_reply(_reply(vec), 5, 12, replicas=3)
+    assert "nonfinite-replicas" not in metrics
+    np.testing.assert_array_equal(out, vec)
+
+
+def test_random_compute_times_need_one_seed_per_batch():
+    spec = RunSpec(task="mnist", strategy="rescaled", delays="exponential", budget=10)
+    with pytest.raises(ValueError, match="share the seed"):
+        run_batch(spec, [0.1, 1.0], [0, 1])
+    with pytest.raises(ValueError, match="one seed per"):
+        run_batch(RunSpec(task="mnist", budget=10), [0.1, 1.0], [0])
+    with pytest.raises(ValueError, match="mnist"):
+        run_batch(RunSpec(task="quadratic", budget=10), [0.1], [0])
+
+
+@pytest.fixture()
+def one_thread():
+    """The study's setting (one torch thread per process). With more threads the batched product may
+    split its sums differently from the single run's, which moves the last bits."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _single(method: str, delays: str, lr: float, seed: int) -> dict:
+    return run(RunSpec(task="mnist", strategy=method, delays=delays, budget=40, eval_every=20, lr=lr, seed=seed))
+
+
+@pytest.mark.mnist
+@pytest.mark.parametrize("method,delays,lrs,seeds", [
+    ("rescaled", "fixed", [0.1, 1.0, 3.0], [0, 0, 1]),  # α and seed both vary under fixed τ
+    ("malenia", "fixed", [0.1, 1.0], [2, 2]),  # a method with per-worker gradient memory
+    ("ringleader", "exponential", [0.3, 1.0], [3, 3]),  # random times: one seed, several α
+])
+def test_each_replica_follows_its_own_run_bit_for_bit(mnist_cache, one_thread, method, delays, lrs, seeds):
+    spec = RunSpec(task="mnist", strategy=method, delays=delays, budget=40, eval_every=20)
+    outs = run_batch(spec, lrs, seeds)
+    assert len(outs) == len(lrs)
+    for out, lr, seed in zip(outs, lrs, seeds):
+        single = _single(method, delays, lr, seed)
+        assert (out["lr"], out["seed"]) == (lr, seed)
+        # Same events, same minibatches, same rounding of every step: the same final model bits.
+        np.testing.assert_array_equal(out["final_model"], single["final_model"])
+        assert out["num_updates"] == single["num_updates"]
+        assert out["gradients"] == single["gradients"]
+        assert out["cumulative_stepsize"] == pytest.approx(single["cumulative_stepsize"], rel=1e-12)
+        # The batched evaluation sums in another order: equal to float32 rounding.
+        assert out["final_loss"] == pytest.approx(single["final_loss"], rel=1e-6)
+        assert out["client_losses"] == pytest.approx(single["client_losses"], rel=1e-5)
+        assert [h["time"] for h in out["history"]] == [h["time"] for h in single["history"]]
+        assert [h["loss"] for h in out["history"]] == pytest.approx([h["loss"] for h in single["history"]], rel=1e-6)
+    assert outs[0]["final_loss"] != outs[1]["final_loss"]
+
+
+@pytest.mark.mnist
+def test_a_diverging_replica_is_frozen_and_the_others_are_untouched(mnist_cache, one_thread):
+    spec = RunSpec(task="mnist", strategy="rescaled", budget=40, eval_every=20)
+    good, bad = run_batch(spec, [1.0, 1e9], [0, 0])
+    single = _single("rescaled", "fixed", 1.0, 0)
+    np.testing.assert_array_equal(good["final_model"], single["final_model"])
+    assert good["rejected"] == {} and "frozen_at" not in good
+    assert bad["rejected"].get("non-finite") == 1
+    assert 0 < bad["frozen_at"] <= 40
+    assert np.isfinite(bad["final_model"]).all()  # a non-finite gradient never reached its model
