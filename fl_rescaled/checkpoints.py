@@ -18,6 +18,16 @@ from typing import Any
 import numpy as np
 
 
+def _file_mode() -> int:
+    """0o666 minus the process umask (read once, at import, before any thread could race on it)."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+_FILE_MODE = _file_mode()
+
+
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a fresh temporary path beside ``path``; on success it replaces ``path`` in one step.
@@ -31,6 +41,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     tmp = Path(name)
     try:
         yield tmp
+        os.chmod(tmp, _FILE_MODE)  # mkstemp's file is private (0600); a plain open() would obey the umask
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
