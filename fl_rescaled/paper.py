@@ -307,6 +307,7 @@ class StudyConfig:
     threads: int
     progress: bool
     batch: int
+    report_only: bool
     eval_points: int
     max_extend: int
     quick: bool
@@ -352,6 +353,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=5,
                    help="most runs computed together as replicas of one event loop (runs of one method that "
                         "share the event order: fixed τ, or one seed; default 5; 1 = one run at a time)")
+    p.add_argument("--report-only", action="store_true",
+                   help="compute nothing: write the figures and REPORT.md from the runs already stored "
+                        "(an unfinished study is reported as such)")
     p.add_argument("--no-progress", action="store_true", help="no per-run lines")
     return p
 
@@ -384,6 +388,7 @@ def config_from_args(argv: list[str]) -> StudyConfig:
         threads=max(1, int(a.threads)),
         progress=not a.no_progress,
         batch=max(1, int(a.batch)),
+        report_only=bool(a.report_only),
         eval_points=int(a.eval_points if a.eval_points is not None else base["eval_points"]),
         max_extend=int(a.max_extend if a.max_extend is not None else base["max_extend"]),
         quick=bool(a.quick),
@@ -404,6 +409,7 @@ class Runner:
         self.cfg = cfg
         self.sweeps = [Sweep(s, m, list(cfg.grid), cfg.seeds, cfg.max_extend)
                        for s in cfg.settings for m in cfg.methods]
+        self.order = sorted(range(len(self.sweeps)), key=lambda i: (self.sweeps[i].method not in PAPER_METHODS, i))
         self.computed = 0
         self.gradients = 0  # minibatch gradients (replica-steps) of the runs computed now
         self.reused = 0
@@ -452,7 +458,10 @@ class Runner:
         while progressed:
             progressed = False
             todo = []
-            for idx, sw in enumerate(self.sweeps):
+            # The paper's three methods first (both settings), then the extra rows: if a study is cut
+            # short, what it has is what the claims are about.
+            for idx in self.order:
+                sw = self.sweeps[idx]
                 for k in sw.needed():
                     if (idx, k) in inflight:
                         continue
@@ -482,6 +491,14 @@ class Runner:
 
     def run(self) -> None:
         self.t0 = time.perf_counter()
+        if self.cfg.report_only:
+            self._collect_needed(set())
+            for sw in self.sweeps:  # a sweep still waiting for runs: its best finished α, marked provisional
+                if sw.chosen is None and any(seed == 0 for _, seed in sw.results):
+                    sc = {a: score(r) for (a, seed), r in sw.results.items() if seed == 0}
+                    sw.chosen = min(sc, key=lambda a: (sc[a], a))
+                    sw.note = "provisional: the sweep's runs are not all finished"
+            return
         if self.cfg.workers <= 1:
             self._run_inline()
         else:
@@ -941,6 +958,12 @@ def write_report(cfg: StudyConfig, runner: Runner, summ: dict, chosen: dict, cur
              f"evaluation every {cfg.eval_every:g} ({cfg.eval_points} points + start), {cfg.seeds} seed(s) at the "
              f"chosen α, MNIST with n = 10 one-class workers, MLP 784-128-10, batch 64, τ = "
              f"{', '.join(f'{t:g}' for t in taus)} (τ_max = {st['tau_max']:g}, τ_H = {st['tau_H']:.4g}).")
+    missing = runner.total() - runner.done
+    if missing > 0:
+        L.append(f"**Incomplete study: {runner.done} of the {runner.total()} runs planned so far are finished "
+                 f"({missing} missing).** Rows below use the finished runs only (fewer seeds, provisional α where "
+                 "a sweep is unfinished); rerun the command without `--report-only` to complete it.")
+        L.append("")
     L.append("α is the cycle stepsize (sum of stepsizes per τ_max time, experiments.md). The α of each method is "
              "picked by the final training loss of seed 0; diverged runs (non-finite loss or gradients, or a final "
              "loss above the initial one) count as +inf.")
@@ -995,7 +1018,7 @@ def write_report(cfg: StudyConfig, runner: Runner, summ: dict, chosen: dict, cur
         for a in sw.alphas:
             r = sw.results.get((a, 0))
             if r is None:
-                sc[a] = "failed"
+                sc[a] = "failed" if (a, 0) in sw.failed else "not run yet"
             elif r.get("diverged"):
                 sc[a] = f"{r['final_loss']:.4g}† (∞)"
             else:
@@ -1094,7 +1117,7 @@ def main(argv: list[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _interrupt)
     bare = None
-    if runner.total() > runner.reused:  # something to compute: measure the yardstick first
+    if not cfg.report_only:  # runs may be computed: measure the yardstick first
         bare = bare_loop_rate(2.0 if cfg.quick else 5.0)
         say(f"bare loop of the MLP step: {bare:.0f} steps/s (1 process, {cfg.threads} thread(s))", flush=True)
     started = time.strftime("%Y-%m-%d %H:%M")

@@ -14,7 +14,7 @@ import numpy as np
 
 from fl_rescaled.manager import Completion
 
-from .base import AsyncStrategy
+from .base import AsyncStrategy, average_of_means
 
 
 class MaleniaSGD(AsyncStrategy):
@@ -59,7 +59,7 @@ class MaleniaSGD(AsyncStrategy):
         if not self._round_done():
             self.manager.resend(i)  # keep computing on the same x^k
             return
-        g_hat = (self.G / self.B[:, None]).mean(axis=0)
+        g_hat = average_of_means(self.G, self.B, self.n)  # every B_i ≥ 1 here
         self.apply(i, g_hat, self.lr)
         self.rounds += 1
         self.round_version = self.manager.version

@@ -22,7 +22,7 @@ import numpy as np
 
 from fl_rescaled.manager import Completion
 
-from .base import AsyncStrategy
+from .base import AsyncStrategy, average_of_means
 
 
 class RingleaderASGD(AsyncStrategy):
@@ -52,8 +52,7 @@ class RingleaderASGD(AsyncStrategy):
             self.submit(worker)
 
     def _step(self, worker: int) -> None:
-        mask = self.b > 0
-        est = (self.G[mask] / self.b[mask, None]).sum(axis=0) / self.n
+        est = average_of_means(self.G, self.b, self.n)
         self.apply(worker, est, self.lr / self.n)
         self.round_triggers[-1].append(worker)
         self.submit(worker)

@@ -163,3 +163,23 @@ def test_bad_flags_exit_2_with_one_line(args, capsys):
     assert exc.value.code == 2
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert len(err) == 1 and "error" in err[0]
+
+
+@MNIST
+def test_report_only_computes_nothing_and_flags_missing_runs(study, second, tmp_path):
+    import shutil
+
+    from fl_rescaled.paper import main
+
+    out = tmp_path / "copy"
+    shutil.copytree(study["out"], out)
+    chosen = study["first"]["chosen"]["exponential"]["vanilla"]
+    missing = out / "runs" / "exponential" / "vanilla" / f"lr{chosen:g}_seed1.json"
+    missing.unlink()
+    assert main(["--quick", "--out", str(out), "--report-only", "--no-progress"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["computed"] == 0 and summary["reused"] == 29
+    text = (out / "REPORT.md").read_text()
+    assert "Incomplete study: 29 of the 30 runs" in text
+    assert not missing.exists()  # reported as missing, not recomputed
+    assert "Incomplete study" not in (study["out"] / "REPORT.md").read_text()
