@@ -54,9 +54,8 @@ def client_rng(seed: int, partition: int, job_seq: int) -> np.random.Generator:
 def job_rng(task, partition: int, job_seq: int):
     """What ``task.gradient`` takes as its randomness for one job (a list, one per replica, for
     a ``ReplicaTask`` with several seeds)."""
-    seeds = getattr(task, "replica_seeds", None)
-    if seeds is not None and len(set(seeds)) > 1:
-        return [client_rng(s, partition, job_seq) for s in seeds]
+    if isinstance(task, ReplicaTask) and not task.shared:
+        return [client_rng(s, partition, job_seq) for s in task.replica_seeds]
     return client_rng(task.seed, partition, job_seq)
 
 
@@ -221,14 +220,21 @@ class MnistTask:
         """
         import torch
 
+        xb, yb = self.minibatch(worker, rng, batch_size)
+        if type(x) is not np.ndarray or x.dtype != np.float32:
+            x = np.asarray(x, dtype=np.float32)
+        return mlp_gradient(torch.from_numpy(x), xb, yb, out)
+
+    def minibatch(self, worker: int, rng: np.random.Generator, batch_size: int | None = None):
+        """One job's minibatch of worker ``worker``'s data: (images, labels) tensors."""
+        import torch
+
         X, Y = self._parts[worker] if self._parts is not None else self.partition(worker)
         n = int(Y.shape[0])
         bs = min(int(batch_size or self.batch_size), n)
         idx = torch.from_numpy(rng.choice(n, bs, replace=False))
-        if type(x) is not np.ndarray or x.dtype != np.float32:
-            x = np.asarray(x, dtype=np.float32)
         # index_select: the same rows as X[idx], without advanced indexing's overhead.
-        return mlp_gradient(torch.from_numpy(x), X.index_select(0, idx), Y.index_select(0, idx), out)
+        return X.index_select(0, idx), Y.index_select(0, idx)
 
     def evaluate(self, x: np.ndarray) -> dict[str, Any]:
         """Mean cross-entropy over the union of the clients' data, per-client losses, test accuracy."""
@@ -302,10 +308,9 @@ def mlp_gradient_replicas(w, xb, yb, out):
     import torch
 
     R = w.shape[0]
-    W1 = w[:, :100352].reshape(R, 128, 784)
-    b1 = w[:, 100352:100480]
-    W2 = w[:, 100480:101760].reshape(R, 10, 128)
-    b2 = w[:, 101760:101770]
+    W1, b1, W2, b2 = w.split(_SPLITS, dim=1)
+    W1 = W1.reshape(R, 128, 784)
+    W2 = W2.reshape(R, 10, 128)
     m = yb.shape[0]
     # One GEMM for every replica's first layer: (m, 784) @ (784, R·128).
     z = torch.addmm(b1.reshape(1, R * 128), xb, W1.reshape(R * 128, 784).t()).view(m, R, 128).transpose(0, 1)
@@ -316,14 +321,13 @@ def mlp_gradient_replicas(w, xb, yb, out):
     losses = -torch.log(py.clamp_min(1e-30)).mean(dim=(1, 2))
     p.scatter_(2, y1, py.sub_(1.0))
     p /= m
-    g = torch.from_numpy(out).view(R, -1)
-    g[:, 100480:101760].view(R, 10, 128).copy_(torch.bmm(p.transpose(1, 2), h))
-    g[:, 101760:101770].copy_(p.sum(1))
+    gW1, gb1, gW2, gb2 = torch.from_numpy(out).view(R, -1).split(_SPLITS, dim=1)
+    gW2.view(R, 10, 128).copy_(torch.bmm(p.transpose(1, 2), h))
+    gb2.copy_(p.sum(1))
     dh = torch.bmm(p, W2)
     dh.mul_(torch.sign(h))
-    gW1 = torch.mm(dh.permute(0, 2, 1).reshape(R * 128, m), xb).view(R, 128, 784)  # one GEMM again
-    g[:, :100352].view(R, 128, 784).copy_(gW1)
-    g[:, 100352:100480].copy_(dh.sum(1))
+    gW1.view(R, 128, 784).copy_(torch.mm(dh.permute(0, 2, 1).reshape(R * 128, m), xb).view(R, 128, 784))  # one GEMM
+    gb1.copy_(dh.sum(1))
     return out, losses.tolist()
 
 
@@ -378,12 +382,7 @@ class ReplicaTask:
 
         R = self.replicas
         rngs = rng if isinstance(rng, list) else [rng]
-        batches = []
-        for t, r in zip(self.tasks if len(rngs) > 1 else self.tasks[:1], rngs):
-            X, Y = t.partition(worker)
-            n = int(Y.shape[0])
-            idx = torch.from_numpy(r.choice(n, min(int(batch_size or self.batch_size), n), replace=False))
-            batches.append((X.index_select(0, idx), Y.index_select(0, idx)))
+        batches = [t.minibatch(worker, r, batch_size) for t, r in zip(self.tasks, rngs)]
         if out is None or out.shape != (self.size,):
             out = np.empty(self.size, dtype=np.float32)
         w = torch.from_numpy(np.asarray(x, dtype=np.float32)).view(R, -1)
@@ -407,11 +406,11 @@ class ReplicaTask:
         else:
             t = self.base
             t._load()
-            w = torch.from_numpy(x)
-            W1 = w[:, :100352].reshape(R * 128, 784)
-            b1 = w[:, 100352:100480].reshape(1, R * 128)
-            W2t = w[:, 100480:101760].reshape(R, 10, 128).transpose(1, 2)
-            b2 = w[:, 101760:101770].unsqueeze(1)
+            W1, b1, W2, b2 = torch.from_numpy(x).split(_SPLITS, dim=1)
+            W1 = W1.reshape(R * 128, 784)
+            b1 = b1.reshape(1, R * 128)
+            W2t = W2.reshape(R, 10, 128).transpose(1, 2)
+            b2 = b2.unsqueeze(1)
 
             def logits(X):  # (R, N, 10): every replica's first layer in one GEMM
                 h = torch.relu(torch.addmm(b1, X, W1.t())).view(X.shape[0], R, 128).transpose(0, 1)
