@@ -90,7 +90,8 @@ class AsyncStrategy(Strategy):
         flat vectors end to end, every event applies each replica's own step α_r · γ_unit."""
         if not lrs or any(not (a > 0 and math.isfinite(a)) for a in lrs):
             raise ValueError("every replica's α must be positive")
-        self.replica_lrs = np.asarray(lrs, dtype=np.float64)
+        self._replica_alphas = np.asarray(lrs, dtype=np.float64)
+        self.replica_lrs = self._replica_alphas.copy()
         self.lr = 1.0
 
     # ---------------------------------------------------------------- hooks for subclasses
@@ -221,7 +222,7 @@ class AsyncStrategy(Strategy):
             if self.x.size % len(self.replica_lrs):
                 raise ValueError("the initial model is not R replicas end to end")
             self.manager.replicas = len(self.replica_lrs)
-            self.replica_lrs = self.replica_lrs.copy()
+            self.replica_lrs = self._replica_alphas.copy()  # a rerun starts with no frozen replica
             self.frozen_replicas = {}
         self.history = []
         eval_every = float(eval_every) if eval_every else time_budget / 200.0

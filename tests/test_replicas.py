@@ -98,3 +98,22 @@ def test_a_diverging_replica_is_frozen_and_the_others_are_untouched(mnist_cache,
     assert bad["rejected"].get("non-finite") == 1
     assert 0 < bad["frozen_at"] <= 40
     assert np.isfinite(bad["final_model"]).all()  # a non-finite gradient never reached its model
+
+
+@pytest.mark.mnist
+def test_a_rerun_after_a_freeze_starts_with_every_replica_moving(mnist_cache, one_thread):
+    from fl_rescaled.experiment import _start, make_strategy
+    from fl_rescaled.tasks import get_task
+
+    spec = RunSpec(task="mnist", strategy="rescaled", budget=40, eval_every=20).resolved()
+    cfg = {**spec.task_config(), "replica-seeds": [0, 0]}
+    task = get_task(cfg)
+    strategy = make_strategy(spec)
+    strategy.set_replicas([1.0, 1e9])
+    _start(spec, cfg, task, strategy, task.initial_params(), None, None)
+    first, frozen = strategy.x.copy(), dict(strategy.frozen_replicas)
+    assert list(frozen) == [1]
+    _start(spec, cfg, task, strategy, task.initial_params(), None, None)
+    # The second run applies replica 1's α again until it diverges at the same event.
+    assert strategy.frozen_replicas == frozen
+    np.testing.assert_array_equal(strategy.x, first)
