@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from typing import Any
 
-# Flower reads this when it is first imported; keep its telemetry off unless the user set it.
-os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+import fl_rescaled  # noqa: F401  (first: Flower and Ray offline unless the user set otherwise)
 
 DEFAULT_BUDGET = 10000.0
 DEFAULT_LR = 1.0

@@ -14,21 +14,13 @@ noise hits them alike. Time per update is taken between applied updates (timesta
 ``AsyncClientManager.record_update``), after ``--warmup`` updates: Ray's start-up, the actors'
 cold start and the hello query are excluded.
 
-    PYTHONPATH=. FLWR_TELEMETRY_ENABLED=0 .venv/bin/python benchmarks/bench_engines.py \
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_engines.py \
         [--updates 150] [--repeats 2] [--warmup 10] [--json]
 """
 
 from __future__ import annotations
 
-import os
-
-for _key, _value in {
-    "FLWR_TELEMETRY_ENABLED": "0",
-    "FLWR_DISABLE_UPDATE_CHECK": "1",
-    "RAY_USAGE_STATS_ENABLED": "0",
-    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-}.items():
-    os.environ.setdefault(_key, _value)
+import fl_rescaled  # noqa: F401  (first: Flower and Ray offline, fl_rescaled.OFFLINE_ENV)
 
 import argparse  # noqa: E402
 import json  # noqa: E402

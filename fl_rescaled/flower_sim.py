@@ -14,9 +14,8 @@ wall time differs: the engine polls for new messages every 0.1 s, one message pe
 (one Ray start), with as many SuperNodes as the largest of them needs. ``simulate(main, ...)`` is
 the general form: any ``main(grid)`` as the ServerApp, any ClientApp (the benchmarks use it).
 
-Environment: Flower reads ``FLWR_TELEMETRY_ENABLED`` when ``flwr`` is first imported, so set it
-(to 0 for offline use) before importing this module; the Ray variables in ``RAY_ENV_DEFAULTS`` are
-applied here, before Ray is imported, unless already set.
+Environment: importing ``fl_rescaled`` (before ``flwr``) applies ``fl_rescaled.OFFLINE_ENV``: Flower's
+telemetry and update check and Ray's usage statistics off unless the user set them.
 """
 
 from __future__ import annotations
@@ -41,8 +40,6 @@ T = TypeVar("T")
 
 #: Ray settings applied (unless already set) before Ray is imported: no usage statistics, and Ray
 #: binds 127.0.0.1 instead of the host's address (a single-machine simulation needs no more).
-RAY_ENV_DEFAULTS = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-
 _QUIET_LOGGERS = ("flwr", "ray", "filelock")
 
 
@@ -136,9 +133,6 @@ def simulate(
     """
     if num_supernodes < 1:
         raise ValueError("num_supernodes must be at least 1")
-    for key, value in RAY_ENV_DEFAULTS.items():
-        os.environ.setdefault(key, value)
-
     from flwr.simulation import run_simulation
 
     if client_app is None:

@@ -7,21 +7,14 @@ import os
 import sys
 from pathlib import Path
 
-# Offline and quiet, set before any test module imports flwr: no telemetry, no update check, no
-# Ray usage stats, and Ray bound to 127.0.0.1.
-for _key, _value in {
-    "FLWR_TELEMETRY_ENABLED": "0",
-    "FLWR_DISABLE_UPDATE_CHECK": "1",
-    "RAY_USAGE_STATS_ENABLED": "0",
-    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-}.items():
-    os.environ.setdefault(_key, _value)
-
-import pytest  # noqa: E402
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+# Flower and Ray offline and quiet (fl_rescaled.OFFLINE_ENV), set before any test module imports flwr.
+import fl_rescaled  # noqa: E402, F401
 
 logging.getLogger("fl_rescaled").setLevel(logging.ERROR)
 

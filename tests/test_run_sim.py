@@ -90,3 +90,21 @@ def test_checkpoint_roundtrip(tmp_path):
     (tmp_path / "run.json").write_text((tmp_path / "run.json").read_text().replace('"model_size": 11', '"model_size": 12'))
     with pytest.raises(ValueError):
         load_checkpoint(tmp_path / "run")
+
+
+def test_importing_the_package_keeps_flower_and_ray_offline_unless_the_user_says_otherwise():
+    import os
+
+    from fl_rescaled import OFFLINE_ENV
+
+    probe = ("import fl_rescaled, os; from flwr.supercore import telemetry; "
+             "print(telemetry.FLWR_TELEMETRY_ENABLED, os.environ['FLWR_DISABLE_UPDATE_CHECK'], "
+             "os.environ['RAY_USAGE_STATS_ENABLED'])")
+    bare = {k: v for k, v in os.environ.items() if k not in OFFLINE_ENV}
+
+    def seen(env):
+        return subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT,
+                              env=env, timeout=120, check=True).stdout.split()
+
+    assert seen(bare) == ["0", "1", "0"]  # Flower read the default when fl_rescaled imported it
+    assert seen({**bare, "FLWR_TELEMETRY_ENABLED": "1"}) == ["1", "1", "0"]  # the user's choice stands
