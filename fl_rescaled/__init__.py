@@ -19,7 +19,7 @@ OFFLINE_ENV = {
 for _key, _value in OFFLINE_ENV.items():
     _os.environ.setdefault(_key, _value)
 
-from .clock import DEFAULT_TAUS  # noqa: E402, DelayModel, VirtualClock, WallClock, tau_stats
+from .clock import DEFAULT_TAUS, DelayModel, VirtualClock, WallClock, tau_stats  # noqa: E402
 from .grid import InProcessGrid  # noqa: E402
 from .manager import AsyncClientManager, Completion, Job  # noqa: E402
 from .stepsizes import delay_adaptive_stepsize, rescaled_stepsize, vanilla_stepsize  # noqa: E402
