@@ -269,8 +269,12 @@ class AsyncClientManager:
             if discard is not None:
                 discard([job.message_id])
         else:
-            self._cancelled[job.message_id] = job
             book.discarded += 1
+            rep = self._arrived.pop(job.message_id, None)
+            if rep is None:
+                self._cancelled[job.message_id] = job
+            else:  # its reply is already buffered: drop it now, as on a later arrival
+                self._drop_cancelled(job, rep)
 
     def record_update(self, worker: int, stepsize: float) -> None:
         """Book one applied server update triggered by ``worker`` (k += 1)."""
@@ -385,12 +389,7 @@ class AsyncClientManager:
                 self._on_hello(self._hello_pending.pop(mid), rep)
                 continue
             if mid in self._cancelled:  # a cancelled job finished anyway: drop it
-                job = self._cancelled.pop(mid)
-                self._finished_ids.add(mid)
-                if rep.has_content() and "metrics" in rep.content:
-                    spent = float(rep.content["metrics"].get("compute-time", 0.0)) / self.clock.time_unit
-                    self.books[job.worker].wasted += spent
-                    self.books[job.worker].busy_done += spent
+                self._drop_cancelled(self._cancelled.pop(mid), rep)
                 continue
             if mid in self.inflight and mid not in self._arrived:
                 self._arrived[mid] = rep
@@ -399,6 +398,14 @@ class AsyncClientManager:
             reason = "duplicate" if (mid in self._finished_ids or mid in self._arrived) else "unknown-job"
             self.rejections[reason] += 1
             log.warning("rejected a reply to message %r: %s", mid, reason)
+
+    def _drop_cancelled(self, job: Job, rep: Message) -> None:
+        """The reply of a cancelled job (wall clock): unused; its compute time is wasted work."""
+        self._finished_ids.add(job.message_id)
+        if rep.has_content() and "metrics" in rep.content:
+            spent = float(rep.content["metrics"].get("compute-time", 0.0)) / self.clock.time_unit
+            self.books[job.worker].wasted += spent
+            self.books[job.worker].busy_done += spent
 
     def _await(self, job: Job) -> Message | None:
         """Block until the reply to ``job`` has arrived (virtual clock)."""

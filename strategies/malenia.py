@@ -6,6 +6,10 @@ counts exceed S/n (by default: as soon as every worker has delivered at least on
 step uses the equal-weight average of the per-worker means, (1/n) Σ G_i / B_i, which is unbiased
 for (1/n) Σ F_i; then every worker is restarted on x^{k+1} and the jobs still running are
 cancelled (their work is booked as discarded). One step of size α per round.
+
+On the wall clock a round waits only for the workers that are online: a worker whose node left
+is not waited for, the mean runs over the workers that delivered, and a worker that comes back
+gets a job on the current model and is waited for again.
 """
 
 from __future__ import annotations
@@ -39,11 +43,15 @@ class MaleniaSGD(AsyncStrategy):
             self.submit(worker)
 
     def _round_done(self) -> bool:
-        if np.any(self.B == 0):
+        """Every online worker has delivered (and, with S, the harmonic mean of their counts is
+        above S/n). A worker whose node is gone (wall clock) is not waited for."""
+        assert self.manager is not None
+        waited = self.B[self.manager.online_workers()]
+        if waited.size == 0 or np.any(waited == 0):
             return False
         if self.S is None:
             return True
-        harmonic = 1.0 / np.mean(1.0 / self.B)
+        harmonic = 1.0 / np.mean(1.0 / waited)
         return harmonic > self.S / self.n
 
     def on_completion(self, comp: Completion) -> None:
@@ -59,13 +67,24 @@ class MaleniaSGD(AsyncStrategy):
         if not self._round_done():
             self.manager.resend(i)  # keep computing on the same x^k
             return
-        g_hat = average_of_means(self.G, self.B, self.n)  # every B_i ≥ 1 here
-        self.apply(i, g_hat, self.lr)
+        self._close_round(i)
+
+    def on_rejected(self, comp: Completion) -> None:
+        super().on_rejected(comp)
+        # A worker that left may have been the last one the round was waiting for.
+        if self._round_done():
+            self._close_round(comp.worker)
+
+    def _close_round(self, trigger: int) -> None:
+        assert self.manager is not None
+        # Equal weights over the workers that delivered: all n unless a node left this round.
+        g_hat = average_of_means(self.G, self.B, int(np.count_nonzero(self.B)))
+        self.apply(trigger, g_hat, self.lr)
         self.rounds += 1
         self.round_version = self.manager.version
         self.G[:] = 0
         self.B[:] = 0
         for job in self.manager.pending_jobs():
             self.manager.cancel(job)
-        for worker in range(self.n):
+        for worker in self.manager.online_workers():
             self.submit(worker)

@@ -3,6 +3,9 @@
 The server steps with the average of the n gradients once all have arrived and sends the new
 model to everybody; fast workers sit idle until the slowest one finishes (the idle time is
 booked by the client manager). One step of size α per round; memory: one running sum.
+
+On the wall clock a round waits only for the workers that are online (the mean runs over those
+that delivered); a worker that comes back gets a job on the current model and joins the round.
 """
 
 from __future__ import annotations
@@ -26,19 +29,39 @@ class MinibatchSGD(AsyncStrategy):
 
     def on_start(self) -> None:
         self.sum = np.zeros_like(self.x)
-        self.arrived = 0
+        self.arrived: set[int] = set()
         for worker in range(self.n):
             self.submit(worker)
+
+    def _round_done(self) -> bool:
+        """Every online worker has delivered this round's gradient (wall clock: a worker whose
+        node left is not waited for)."""
+        assert self.manager is not None
+        return bool(self.arrived) and all(w in self.arrived for w in self.manager.online_workers())
 
     def on_completion(self, comp: Completion) -> None:
         assert comp.update is not None
         self.sum += comp.update
-        self.arrived += 1
-        if self.arrived < self.n:
-            return  # this worker idles until the round ends
-        self.apply(comp.worker, self.sum / self.n, self.lr)
+        self.arrived.add(comp.worker)
+        if self._round_done():
+            self._close_round(comp.worker)
+        # else: this worker idles until the round ends
+
+    def on_rejected(self, comp: Completion) -> None:
+        super().on_rejected(comp)
+        # The others may all be idle, waiting for the worker that just left.
+        if self._round_done():
+            self._close_round(comp.worker)
+
+    def on_worker_joined(self, worker: int) -> None:
+        if worker not in self.arrived:  # a worker that already delivered waits for the next round
+            self.submit(worker)
+
+    def _close_round(self, trigger: int) -> None:
+        assert self.manager is not None
+        self.apply(trigger, self.sum / len(self.arrived), self.lr)
         self.rounds += 1
         self.sum[:] = 0
-        self.arrived = 0
-        for worker in range(self.n):
+        self.arrived = set()
+        for worker in self.manager.online_workers():
             self.submit(worker)

@@ -12,6 +12,10 @@ the per-worker means, (1/n) Σ G_l / b_l, with step α/n. Rounds have exactly n 
   "next" table (G⁺, b⁺) and keep their model. When everyone has been served, the next table
   becomes the table and phase 1 starts again.
 
+On the wall clock a worker whose node left is not waited for: phase 1 ends when every online
+worker is in the table, phase 2 serves the online workers, and the mean runs over the table's
+filled rows. A worker that comes back gets a job on the current model.
+
 Option ``restart_on_current=True`` follows the public simulation code instead: a worker that
 does not trigger an update restarts on the *current* server model.
 """
@@ -52,7 +56,8 @@ class RingleaderASGD(AsyncStrategy):
             self.submit(worker)
 
     def _step(self, worker: int) -> None:
-        est = average_of_means(self.G, self.b, self.n)
+        # Equal weights over the table's filled rows: all n unless a node left before delivering.
+        est = average_of_means(self.G, self.b, int(np.count_nonzero(self.b)))
         self.apply(worker, est, self.lr / self.n)
         self.round_triggers[-1].append(worker)
         self.submit(worker)
@@ -70,13 +75,8 @@ class RingleaderASGD(AsyncStrategy):
         if self.phase == 1:
             self.G[i] += comp.update
             self.b[i] += 1
-            if np.all(self.b >= 1):
-                self.round_triggers.append([])
-                self._step(i)
-                self.P = set(range(self.n)) - {i}
-                self.phase = 2
-                if not self.P:  # a single worker: every round is one update
-                    self._new_round()
+            if self._gathered():
+                self._first_update(i)
             else:
                 self._keep_working(i)
         elif i in self.P:
@@ -91,6 +91,34 @@ class RingleaderASGD(AsyncStrategy):
             self.b_next[i] += 1
             self._keep_working(i)
         self.max_stored = max(self.max_stored, self.stored_vectors())
+
+    def _gathered(self) -> bool:
+        """Phase 1 is over when every online worker has a gradient in the table (wall clock: a
+        worker whose node left is not waited for)."""
+        assert self.manager is not None
+        online = self.manager.online_workers()
+        return bool(online) and bool(np.all(self.b[online] >= 1))
+
+    def _first_update(self, i: int) -> None:
+        assert self.manager is not None
+        self.round_triggers.append([])
+        self._step(i)
+        self.P = set(self.manager.online_workers()) - {i}
+        self.phase = 2
+        if not self.P:  # a single worker: every round is one update
+            self._new_round()
+
+    def on_rejected(self, comp: Completion) -> None:
+        super().on_rejected(comp)
+        assert self.manager is not None
+        if self.manager.books[comp.worker].online:
+            return
+        # Its node left: the round no longer waits for it.
+        if self.phase == 2 and comp.worker in self.P:
+            self.P.discard(comp.worker)
+            if not self.P:
+                self._new_round()
+        # Phase 1 closes at the next arrival once every online worker is in the table.
 
     def _new_round(self) -> None:
         self.G, self.G_next = self.G_next, self.G

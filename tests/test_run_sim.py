@@ -108,3 +108,11 @@ def test_importing_the_package_keeps_flower_and_ray_offline_unless_the_user_says
 
     assert seen(bare) == ["0", "1", "0"]  # Flower read the default when fl_rescaled imported it
     assert seen({**bare, "FLWR_TELEMETRY_ENABLED": "1"}) == ["1", "1", "0"]  # the user's choice stands
+
+
+def test_every_public_name_resolves():
+    import fl_rescaled
+
+    missing = [name for name in fl_rescaled.__all__ if not hasattr(fl_rescaled, name)]
+    assert missing == []
+    assert fl_rescaled.RescaledASGD.name == "rescaled"

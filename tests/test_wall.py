@@ -8,10 +8,11 @@ import threading
 import time
 
 import numpy as np
+import pytest
 from flwr.app import Array, ArrayRecord
 
 from clients.client_app import app
-from fl_rescaled import InProcessGrid, RescaledASGD, WallClock
+from fl_rescaled import InProcessGrid, MaleniaSGD, MinibatchSGD, RescaledASGD, RingleaderASGD, WallClock
 from fl_rescaled.experiment import RunSpec, run
 from fl_rescaled.tasks import task_spec
 
@@ -73,3 +74,77 @@ def test_node_that_leaves_and_returns():
     assert back, "worker 2 got work again after its node came back"
     assert np.isfinite(res.arrays["model"].numpy()).all()
     assert time.monotonic() - t0 < 10
+
+
+@pytest.mark.parametrize("strategy_cls", [MaleniaSGD, RingleaderASGD, MinibatchSGD])
+def test_round_based_methods_go_on_without_a_node_that_left(strategy_cls):
+    """Malenia, Ringleader and Minibatch SGD wait for every worker in a round. A worker whose node
+    left must not be waited for (the others keep updating the model), and when it comes back its
+    gradients count again."""
+    grid = InProcessGrid(app, 3, threaded=True)
+    s = strategy_cls(0.05)
+    events = []  # (time, worker, rejected, model version after the event)
+    s.on_event = lambda comp, x: events.append((time.monotonic(), comp.worker, comp.rejected, s.manager.version))
+    gone = grid.node_ids[2]
+    window = {}
+
+    def outage():
+        time.sleep(0.8)
+        grid.set_online(gone, False)
+        window["down"] = time.monotonic()
+        time.sleep(1.2)
+        window["up"] = time.monotonic()
+        grid.set_online(gone, True)
+
+    t = threading.Thread(target=outage)
+    cfg = {"task": "quadratic", "num-partitions": 3, "quad-a": [1.0] * 3, "quad-b": B}
+    t.start()
+    try:
+        res = s.start(grid, ArrayRecord({"model": Array(np.zeros(1))}), time_budget=200,
+                      train_config={"task": task_spec(cfg), "emulate": "fixed", "time-unit": 0.02},
+                      clock=WallClock(0.02), timeout=5.0,
+                      manager_options={"worker_config": [{"tau": 1.0}, {"tau": 2.0}, {"tau": 4.0}],
+                                       "node_refresh": 0.2})
+    finally:
+        t.join()
+        grid.close()
+    lost = [e for e in events if e[1] == 2 and e[2] is not None]
+    assert lost, "worker 2's job was lost when its node left"
+    # While worker 2 is gone (from its lost job to its return) the model keeps moving.
+    during = [e[3] for e in events if lost[0][0] < e[0] < window["up"]]
+    assert during and during[-1] - during[0] >= 3, f"{s.name} stalled without worker 2"
+    # After it returns its gradients are used again.
+    back = [e for e in events if e[1] == 2 and e[2] is None and e[0] > window["up"]]
+    assert back, "worker 2 delivered again after its node came back"
+    assert np.isfinite(res.arrays["model"].numpy()).all()
+
+
+def test_cancelling_a_job_whose_reply_is_already_buffered():
+    """Wall clock: replies are pulled in batches, so a job may be cancelled after its reply was
+    buffered (a round closing on another worker's reply). It must be dropped as wasted work, not
+    handed to the strategy, and the next completion must be the other job."""
+    from fl_rescaled import AsyncClientManager
+
+    grid = InProcessGrid(app, 3, threaded=True)
+    cfg = {"task": "quadratic", "num-partitions": 3, "quad-a": [1.0] * 3, "quad-b": B}
+    m = AsyncClientManager(grid, WallClock(0.01), train_config={"task": task_spec(cfg)})
+    try:
+        m.connect(3)
+        x = np.zeros(1)
+        jobs = [m.submit(w, x, 0) for w in range(3)]
+        deadline = time.monotonic() + 10
+        while len(m._arrived) < 3 and time.monotonic() < deadline:  # let all three replies be buffered
+            m._accept(list(grid.pull_messages(list(m.inflight))))
+            time.sleep(0.01)
+        assert len(m._arrived) == 3
+        first = m.next_completion()
+        assert first is not None and first.ok
+        cancelled = next(j for j in jobs if j.job_id != first.job.job_id)
+        m.cancel(cancelled)
+        second = m.next_completion()
+        assert second is not None and second.ok
+        assert {first.job.job_id, second.job.job_id, cancelled.job_id} == {j.job_id for j in jobs}
+        assert m.books[cancelled.worker].discarded == 1 and m.books[cancelled.worker].jobs_done == 0
+        assert not m.inflight and not m._arrived
+    finally:
+        grid.close()
