@@ -976,7 +976,8 @@ def write_report(cfg: StudyConfig, runner: Runner, summ: dict, chosen: dict, cur
     L.append(f"- Machine: {machine['cpu']}, {machine['cores']} cores, {machine['platform']}, Python "
              f"{machine['python']}, torch {machine['torch']}; load average at start {machine['load']} (shared "
              "machine: timings are noisy).")
-    L.append(f"- Processes: {cfg.workers} × {cfg.threads} torch thread(s).")
+    L.append(f"- Processes in this invocation: {cfg.workers} × {cfg.threads} torch thread(s) (the invocations that "
+             "computed runs are in the timing table below).")
     L.append(f"- This invocation: {runner.computed} run(s) computed, {runner.reused} reused from `runs/`"
              + (f", {len(runner.failed)} FAILED" if runner.failed else "") + ".")
     L.append(f"- Runs of one method that share an event order are computed together, up to {cfg.batch} "
