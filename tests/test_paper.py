@@ -58,6 +58,7 @@ def test_report_sections_and_content(study):
     assert "python run_sim.py paper --quick" in text
     assert "**yes**" in text or "**no**" in text  # computed verdicts
     assert "grid used" in text and "chosen α" in text
+    assert "Staleness of the applied gradients" in text
 
 
 @MNIST
@@ -183,3 +184,18 @@ def test_report_only_computes_nothing_and_flags_missing_runs(study, second, tmp_
     assert "Incomplete study: 29 of the 30 runs" in text
     assert not missing.exists()  # reported as missing, not recomputed
     assert "Incomplete study" not in (study["out"] / "REPORT.md").read_text()
+
+
+def test_staleness_same_mean_heavier_tail_under_exponential_times(tmp_path):
+    from fl_rescaled.paper import staleness
+
+    fixed = staleness(tmp_path, "fixed", 400.0)
+    expo = staleness(tmp_path, "exponential", 400.0)
+    # τ = 1,1,2,2,…,16,16 fixed: while a τ=16 gradient computes, the others apply 32+16+8+4+1 = 61 updates.
+    assert fixed["slowest"]["max"] == 61 and fixed["all"]["max"] == 61
+    # Ten always-busy workers: on average a gradient waits for about n − 1 = 9 updates, in both settings.
+    assert fixed["all"]["mean"] == pytest.approx(9.0, rel=0.05)
+    assert expo["all"]["mean"] == pytest.approx(9.0, rel=0.15)
+    assert expo["all"]["max"] > fixed["all"]["max"]
+    assert (tmp_path / "toys" / "staleness_fixed.json").exists()
+    assert staleness(tmp_path, "fixed", 400.0) == fixed  # read back from the cache
