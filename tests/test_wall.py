@@ -41,32 +41,44 @@ def test_compute_time_estimator_also_works():
     assert abs(r["final_params"][0] - 3.0) < 0.2
 
 
-def test_node_that_leaves_and_returns():
+def run_with_outage(strategy, down_for: float):
+    """Run ``strategy`` on 3 threaded nodes (τ = 1, 2, 4 × 0.02 s, budget 200 units); worker 2's
+    node leaves after 0.8 s and comes back ``down_for`` s later. Returns (result, events, window):
+    one event per completion, (time, worker, rejected, model version after it); ``window["up"]``
+    is the monotonic time the node came back."""
     grid = InProcessGrid(app, 3, threaded=True)
-    s = RescaledASGD(0.05)
-    applied = []
-    s.on_event = lambda comp, x: applied.append((time.monotonic(), comp.worker, comp.rejected))
+    events = []
+    strategy.on_event = lambda comp, x: events.append(
+        (time.monotonic(), comp.worker, comp.rejected, strategy.manager.version))
     gone = grid.node_ids[2]
+    window = {}
 
     def outage():
         time.sleep(0.8)
         grid.set_online(gone, False)
-        time.sleep(1.0)
+        time.sleep(down_for)
+        window["up"] = time.monotonic()
         grid.set_online(gone, True)
 
     t = threading.Thread(target=outage)
     cfg = {"task": "quadratic", "num-partitions": 3, "quad-a": [1.0] * 3, "quad-b": B}
-    t0 = time.monotonic()
     t.start()
     try:
-        res = s.start(grid, ArrayRecord({"model": Array(np.zeros(1))}), time_budget=200,
-                      train_config={"task": task_spec(cfg), "emulate": "fixed", "time-unit": 0.02},
-                      clock=WallClock(0.02), timeout=5.0,
-                      manager_options={"worker_config": [{"tau": 1.0}, {"tau": 2.0}, {"tau": 4.0}],
-                                       "node_refresh": 0.2})
+        res = strategy.start(grid, ArrayRecord({"model": Array(np.zeros(1))}), time_budget=200,
+                             train_config={"task": task_spec(cfg), "emulate": "fixed", "time-unit": 0.02},
+                             clock=WallClock(0.02), timeout=5.0,
+                             manager_options={"worker_config": [{"tau": 1.0}, {"tau": 2.0}, {"tau": 4.0}],
+                                              "node_refresh": 0.2})
     finally:
         t.join()
         grid.close()
+    return res, events, window
+
+
+def test_node_that_leaves_and_returns():
+    s = RescaledASGD(0.05)
+    t0 = time.monotonic()
+    res, applied, _ = run_with_outage(s, down_for=1.0)
     book = s.manager.books[2]
     assert book.lost >= 1 and s.manager.rejections.get("error-code-5", 0) >= 1
     down = [e for e in applied if e[1] == 2 and e[2] is not None]
@@ -81,33 +93,8 @@ def test_round_based_methods_go_on_without_a_node_that_left(strategy_cls):
     """Malenia, Ringleader and Minibatch SGD wait for every worker in a round. A worker whose node
     left must not be waited for (the others keep updating the model), and when it comes back its
     gradients count again."""
-    grid = InProcessGrid(app, 3, threaded=True)
     s = strategy_cls(0.05)
-    events = []  # (time, worker, rejected, model version after the event)
-    s.on_event = lambda comp, x: events.append((time.monotonic(), comp.worker, comp.rejected, s.manager.version))
-    gone = grid.node_ids[2]
-    window = {}
-
-    def outage():
-        time.sleep(0.8)
-        grid.set_online(gone, False)
-        window["down"] = time.monotonic()
-        time.sleep(1.2)
-        window["up"] = time.monotonic()
-        grid.set_online(gone, True)
-
-    t = threading.Thread(target=outage)
-    cfg = {"task": "quadratic", "num-partitions": 3, "quad-a": [1.0] * 3, "quad-b": B}
-    t.start()
-    try:
-        res = s.start(grid, ArrayRecord({"model": Array(np.zeros(1))}), time_budget=200,
-                      train_config={"task": task_spec(cfg), "emulate": "fixed", "time-unit": 0.02},
-                      clock=WallClock(0.02), timeout=5.0,
-                      manager_options={"worker_config": [{"tau": 1.0}, {"tau": 2.0}, {"tau": 4.0}],
-                                       "node_refresh": 0.2})
-    finally:
-        t.join()
-        grid.close()
+    res, events, window = run_with_outage(s, down_for=1.2)
     lost = [e for e in events if e[1] == 2 and e[2] is not None]
     assert lost, "worker 2's job was lost when its node left"
     # While worker 2 is gone (from its lost job to its return) the model keeps moving.
