@@ -21,7 +21,6 @@ telemetry and update check and Ray's usage statistics off unless the user set th
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 import warnings
@@ -38,8 +37,6 @@ from .experiment import RunSpec, run
 log = logging.getLogger("fl_rescaled")
 T = TypeVar("T")
 
-#: Ray settings applied (unless already set) before Ray is imported: no usage statistics, and Ray
-#: binds 127.0.0.1 instead of the host's address (a single-machine simulation needs no more).
 _QUIET_LOGGERS = ("flwr", "ray", "filelock")
 
 
