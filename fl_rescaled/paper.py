@@ -570,8 +570,11 @@ class Runner:
 
 
 # ------------------------------------------------------------------------------------------ toys
-def run_toy(method: str, toy: dict[str, Any]) -> list[tuple[float, float]]:
-    """Every iterate (time, x) of one toy run, the start included (deterministic gradients)."""
+def run_quadratic(method: str, taus: list[float], budget: float, on_event, delays: str = "fixed", seed: int = 0,
+                  lr: float = 0.01, a: list[float] | None = None, b: list[float] | None = None,
+                  x0: float = 0.0) -> None:
+    """One in-process run of ``method`` on the 1-d quadratic task (defaults: a_i = 1, b_i = i) on
+    the virtual clock ``DelayModel(taus, delays, seed)``; ``on_event(comp, x)`` sees every event."""
     from flwr.app import Array, ArrayRecord
 
     from clients.client_app import app
@@ -581,15 +584,23 @@ def run_toy(method: str, toy: dict[str, Any]) -> list[tuple[float, float]]:
     from .grid import InProcessGrid
     from .tasks import task_spec
 
-    n = len(toy["taus"])
-    strategy = make_strategy(RunSpec(task="quadratic", strategy=method, lr=toy["lr"], taus=toy["taus"],
-                                     quad_a=toy["a"], quad_b=toy["b"]).resolved())
+    n = len(taus)
+    strategy = make_strategy(RunSpec(task="quadratic", strategy=method, lr=lr, taus=taus, delays=delays, seed=seed,
+                                     quad_a=a, quad_b=b).resolved())
+    strategy.on_event = on_event
+    cfg = {"task": "quadratic", "num-partitions": n}
+    if a is not None:
+        cfg.update({"quad-a": a, "quad-b": b})
+    strategy.start(InProcessGrid(app, n), ArrayRecord({"model": Array(np.full(1, float(x0)))}),
+                   time_budget=budget, train_config={"task": task_spec(cfg)},
+                   clock=VirtualClock(DelayModel(taus, delays, seed)), eval_every=budget)
+
+
+def run_toy(method: str, toy: dict[str, Any]) -> list[tuple[float, float]]:
+    """Every iterate (time, x) of one toy run, the start included (deterministic gradients)."""
     pts: list[tuple[float, float]] = [(0.0, float(toy["x0"]))]
-    strategy.on_event = lambda comp, x: pts.append((float(comp.time), float(x[0])))
-    cfg = {"task": "quadratic", "num-partitions": n, "quad-a": toy["a"], "quad-b": toy["b"]}
-    strategy.start(InProcessGrid(app, n), ArrayRecord({"model": Array(np.full(1, float(toy["x0"])))}),
-                   time_budget=toy["budget"], train_config={"task": task_spec(cfg)},
-                   clock=VirtualClock(DelayModel(toy["taus"], "fixed")), eval_every=toy["budget"])
+    run_quadratic(method, toy["taus"], toy["budget"], lambda comp, x: pts.append((float(comp.time), float(x[0]))),
+                  lr=toy["lr"], a=toy["a"], b=toy["b"], x0=toy["x0"])
     return pts
 
 
@@ -637,14 +648,7 @@ def staleness(out: Path | None, delays: str, budget: float, seed: int = 0) -> di
     sends its worker the new model, so the staleness depends only on the compute times; a quadratic
     run on the study's τ and clock (``DelayModel(τ, delays, seed)``, as every MNIST run of that seed)
     gives it in seconds. Cached as ``toys/staleness_<delays>.json`` when ``out`` is given."""
-    from flwr.app import Array, ArrayRecord
-
-    from clients.client_app import app
-
-    from .clock import DelayModel, VirtualClock
-    from .experiment import RunSpec, default_taus, make_strategy
-    from .grid import InProcessGrid
-    from .tasks import task_spec
+    from .experiment import default_taus
 
     taus = default_taus(10)
     meta = {"taus": taus, "delays": delays, "seed": int(seed), "budget": float(budget)}
@@ -656,14 +660,8 @@ def staleness(out: Path | None, delays: str, budget: float, seed: int = 0) -> di
                 return stored["stats"]
         except (OSError, ValueError):
             pass
-    n = len(taus)
-    strategy = make_strategy(RunSpec(task="quadratic", strategy="vanilla", lr=0.01, taus=taus, delays=delays,
-                                     seed=seed).resolved())
     seen: list[tuple[int, int]] = []
-    strategy.on_event = lambda comp, x: seen.append((comp.worker, comp.delay))
-    strategy.start(InProcessGrid(app, n), ArrayRecord({"model": Array(np.zeros(1))}), time_budget=budget,
-                   train_config={"task": task_spec({"task": "quadratic", "num-partitions": n})},
-                   clock=VirtualClock(DelayModel(taus, delays, seed)), eval_every=budget)
+    run_quadratic("vanilla", taus, budget, lambda comp, x: seen.append((comp.worker, comp.delay)), delays, seed)
     workers = np.array([w for w, _ in seen])
     delay = np.array([d for _, d in seen], dtype=float)
     slow = delay[np.asarray(taus)[workers] == max(taus)]
