@@ -7,7 +7,6 @@ number), so the same job gives the same gradient on any transport and in any pro
 
 from __future__ import annotations
 
-import threading
 import time
 
 import numpy as np
@@ -15,20 +14,9 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fl_rescaled.messages import MODEL_KEY, decode_vector, reply_content
-from fl_rescaled.tasks import get_task, job_rng, local_sgd
+from fl_rescaled.tasks import get_task, job_rng, local_sgd, scratch
 
 app = ClientApp()
-_BUFFERS = threading.local()
-
-
-def _gradient_buffer(size: int) -> np.ndarray:
-    """This thread's float32 gradient buffer (reused: each reply is encoded before the next job)."""
-    buf = getattr(_BUFFERS, "grad", None)
-    if buf is None or buf.shape[0] != size:
-        buf = _BUFFERS.grad = np.empty(size, dtype=np.float32)
-    return buf
-
-
 def partition_id(context: Context) -> int:
     return int(context.node_config.get("partition-id", 0))
 
@@ -77,7 +65,7 @@ def train(msg: Message, context: Context) -> Message:
                                float(cfg.get("prox", 0.0)))
     elif task.name == "mnist":
         # The reply copies the gradient, so one buffer per thread can take every job's gradient.
-        grad, loss = task.gradient(x, pid, rng, task.batch_size, out=_gradient_buffer(task.size))
+        grad, loss = task.gradient(x, pid, rng, task.batch_size, out=scratch("gradient", task.size))
     else:
         grad, loss = task.gradient(x, pid, rng, task.batch_size)
     emulate = cfg.get("emulate", "")

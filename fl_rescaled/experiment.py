@@ -217,10 +217,11 @@ def run_batch(spec: RunSpec, lrs: list[float], seeds: list[int]) -> list[dict[st
     each replica's own step to its own model, and every job computes all R minibatch gradients in
     one batched call (``tasks.ReplicaTask``). The event order must not depend on the replica:
     virtual clock only, and with exponential compute times (drawn from the seed) one seed for all.
-    Each outcome's model matches ``run`` of that replica bit for bit with one torch thread (same
-    events, minibatches and update rounding; with more threads the batched matrix product may sum
-    in another order), its evaluated losses to float32 rounding; a replica whose gradient turns non-finite is frozen and
-    counted under ``rejected["non-finite"]`` instead of being rejected for every replica.
+    Each outcome (model, losses, history) matches ``run`` of that replica bit for bit at the same
+    torch thread count, on any CPU: the same events, minibatches and update rounding, and every
+    gradient and evaluation issues the single run's matrix products. A replica whose gradient
+    turns non-finite is frozen and counted under ``rejected["non-finite"]`` instead of being
+    rejected for every replica.
     """
     spec = spec.resolved()
     if len(lrs) != len(seeds) or not lrs:

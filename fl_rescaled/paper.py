@@ -166,7 +166,7 @@ def execute_batch(job: dict[str, Any]) -> list[dict[str, Any]]:
 
     ``job["runs"]``: [(α, seed), …] of one (setting, method) that share an event order; one run is
     ``experiment.run``, several are one batched ``experiment.run_batch`` (every replica's gradient
-    in one call per event). Module-level so worker processes can run it; returns one record, or
+    in one ClientApp call per event). Module-level so worker processes can run it; returns one record, or
     {"error": ...}, per run.
     """
     from .experiment import RunSpec, run, run_batch
@@ -1053,7 +1053,10 @@ def write_report(cfg: StudyConfig, runner: Runner, summ: dict, chosen: dict, cur
     L.append(f"- This invocation: {runner.computed} run(s) computed, {runner.reused} reused from `runs/`"
              + (f", {len(runner.failed)} FAILED" if runner.failed else "") + ".")
     L.append(f"- Runs of one method that share an event order are computed together, up to {cfg.batch} "
-             "replicas per event loop (one batched gradient call per event; `--batch`).")
+             "replicas per event loop (one gradient call per event for all of them; `--batch`). Each replica runs "
+             "the single run's kernels, so it equals its single run bit for bit; the seed-0 sweep records "
+             "committed on 2026-11-26 were computed with an earlier stacked product, which agrees with the "
+             "single run only to float32 rounding (and bit for bit only on the AMD EPYC it was written on).")
     for k, v in timings.items():
         L.append(f"- Wall time, {k}: {v:.1f} s")
     log_rows = read_timing_log(cfg.out)

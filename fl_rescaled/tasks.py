@@ -46,6 +46,34 @@ TASK_KEYS = (
 )
 
 
+#: Byte alignment of every buffer a gradient kernel reads its weights from or writes into.
+ALIGN = 64
+_SCRATCH = threading.local()
+
+
+def aligned_empty(size: int, dtype=np.float32) -> np.ndarray:
+    """An uninitialised 1-D array whose data starts on an ``ALIGN``-byte boundary."""
+    dtype = np.dtype(dtype)
+    raw = np.empty(size * dtype.itemsize + ALIGN, dtype=np.uint8)
+    start = -raw.ctypes.data % ALIGN
+    return raw[start:start + size * dtype.itemsize].view(dtype)
+
+
+def scratch(name: str, size: int) -> np.ndarray:
+    """This thread's aligned float32 buffer ``name`` of ``size`` elements (reused between jobs).
+
+    With several threads, BLAS splits a product's output between them, and how it does so (so
+    the rounding of the result) can depend on the output's address: on this machine a product
+    written to a buffer that is 8 but not 16 bytes aligned differs in the last bit from one
+    written to an aligned buffer. Every gradient is therefore computed into such a buffer.
+    """
+    buf = getattr(_SCRATCH, name, None)
+    if buf is None or buf.shape[0] != size:
+        buf = aligned_empty(size)
+        setattr(_SCRATCH, name, buf)
+    return buf
+
+
 def client_rng(seed: int, partition: int, job_seq: int) -> np.random.Generator:
     """The generator of one job: a pure function of (run seed, partition id, job number)."""
     return np.random.default_rng(((int(seed) & 0xFFFFFFFF) << 64) | (int(partition) << 40) | int(job_seq))
@@ -299,45 +327,15 @@ def mlp_gradient(w, xb, yb, out=None):
 _SPLITS = (100352, 128, 1280, 10)  # W1 (128×784), b1, W2 (10×128), b2
 
 
-def mlp_gradient_replicas(w, xb, yb, out):
-    """``mlp_gradient`` for R replicas on one shared minibatch: ``w`` is (R, size), ``xb`` (m, 784),
-    ``yb`` (m,). Writes the (R, size) gradients into ``out`` (a float32 numpy array) and returns
-    (out, per-replica mean losses). Both layers' weight products are one matrix product for all
-    replicas (first layer and its gradient) or one batched product (second layer).
-    """
-    import torch
-
-    R = w.shape[0]
-    W1, b1, W2, b2 = w.split(_SPLITS, dim=1)
-    W1 = W1.reshape(R, 128, 784)
-    W2 = W2.reshape(R, 10, 128)
-    m = yb.shape[0]
-    # One GEMM for every replica's first layer: (m, 784) @ (784, R·128).
-    z = torch.addmm(b1.reshape(1, R * 128), xb, W1.reshape(R * 128, 784).t()).view(m, R, 128).transpose(0, 1)
-    y1 = yb.view(1, m, 1).expand(R, m, 1)
-    h = torch.relu(z)  # (R, m, 128)
-    p = torch.softmax(torch.baddbmm(b2.unsqueeze(1), h, W2.transpose(1, 2)), dim=2)
-    py = p.gather(2, y1)
-    losses = -torch.log(py.clamp_min(1e-30)).mean(dim=(1, 2))
-    p.scatter_(2, y1, py.sub_(1.0))
-    p /= m
-    gW1, gb1, gW2, gb2 = torch.from_numpy(out).view(R, -1).split(_SPLITS, dim=1)
-    gW2.view(R, 10, 128).copy_(torch.bmm(p.transpose(1, 2), h))
-    gb2.copy_(p.sum(1))
-    dh = torch.bmm(p, W2)
-    dh.mul_(torch.sign(h))
-    gW1.view(R, 128, 784).copy_(torch.mm(dh.permute(0, 2, 1).reshape(R * 128, m), xb).view(R, 128, 784))  # one GEMM
-    gb1.copy_(dh.sum(1))
-    return out, losses.tolist()
-
-
 class ReplicaTask:
     """R replicas of the MNIST task, one model each, for runs that share an event order.
 
     Replica r has its own seed (data trim, initial model, minibatches); the model is the R
     replicas' flat vectors end to end (R · 101,770 floats), and one job computes every replica's
-    minibatch gradient in one batched call. Replicas with the same seed share the minibatch, so
-    their first layers are one matrix product. Evaluation returns per-replica lists.
+    minibatch gradient (replicas with the same seed draw the minibatch once). Every gradient and
+    every evaluation runs the single run's kernels on the replica's own weights, so each replica
+    is its single run bit for bit on any CPU; what batching saves is the event loop, the messages
+    and the minibatch draws, not arithmetic. Evaluation returns per-replica lists.
     """
 
     name = "mnist"
@@ -376,57 +374,42 @@ class ReplicaTask:
     def gradient(self, x, worker: int, rng, batch_size: int | None = None, out: np.ndarray | None = None):
         """Every replica's minibatch gradient at its slice of ``x``: (flat gradients, mean loss).
 
-        ``rng``: one generator (shared seed) or a list with one per replica (``job_rng``).
+        ``rng``: one generator (shared seed: one minibatch for every replica) or a list with one per
+        replica (``job_rng``). Each replica's gradient is the single run's kernel (``mlp_gradient``)
+        on that replica's own weights, so every matrix product has the single run's shapes and the
+        bits match a single run on any CPU (a stacked product would pick other BLAS kernels, whose
+        summation order differs between CPU families).
         """
         import torch
 
         R = self.replicas
         rngs = rng if isinstance(rng, list) else [rng]
         batches = [t.minibatch(worker, r, batch_size) for t, r in zip(self.tasks, rngs)]
+        if len(batches) == 1:
+            batches = batches * R
         if out is None or out.shape != (self.size,):
             out = np.empty(self.size, dtype=np.float32)
-        w = torch.from_numpy(np.asarray(x, dtype=np.float32)).view(R, -1)
-        if len(batches) == 1:
-            grad, losses = mlp_gradient_replicas(w, batches[0][0], batches[0][1], out)
-            return grad, float(np.mean(losses))
-        # Different minibatches: a batched product saves nothing measurable here (0.575 vs 0.574 ms
-        # per replica-gradient), so each replica takes the single-run kernel, bit for bit.
-        rows = out.reshape(R, -1)
-        losses = [mlp_gradient(w[r], xb, yb, rows[r])[1] for r, (xb, yb) in enumerate(batches)]
+        P = self.base.size
+        weights = np.asarray(x, dtype=np.float32).reshape(R, P)
+        rows = out.reshape(R, P)
+        # A replica's slice starts 407,080 bytes after the previous one (8-byte aligned only): its
+        # weights and gradient go through aligned buffers, as a single run's do.
+        w, g = scratch("replica-weights", P), scratch("replica-gradient", P)
+        losses = []
+        for r, (xb, yb) in enumerate(batches):
+            np.copyto(w, weights[r])
+            losses.append(mlp_gradient(torch.from_numpy(w), xb, yb, g)[1])
+            rows[r] = g
         return out, float(np.mean(losses))
 
     def evaluate(self, x: np.ndarray) -> dict[str, Any]:
-        """Per-replica lists: ``loss`` and ``accuracy`` (R values), ``client_losses`` (R × n, row-major)."""
-        import torch
+        """Per-replica lists: ``loss`` and ``accuracy`` (R values), ``client_losses`` (R × n, row-major).
 
+        Each replica is scored by its own task's ``evaluate``, so every number equals its single run's.
+        """
         R, P = self.replicas, self.base.size
         x = np.asarray(x, dtype=np.float32).reshape(R, P)
-        if not self.shared:
-            evs = [t.evaluate(x[r]) for r, t in enumerate(self.tasks)]
-        else:
-            t = self.base
-            t._load()
-            W1, b1, W2, b2 = torch.from_numpy(x).split(_SPLITS, dim=1)
-            W1 = W1.reshape(R * 128, 784)
-            b1 = b1.reshape(1, R * 128)
-            W2t = W2.reshape(R, 10, 128).transpose(1, 2)
-            b2 = b2.unsqueeze(1)
-
-            def logits(X):  # (R, N, 10): every replica's first layer in one GEMM
-                h = torch.relu(torch.addmm(b1, X, W1.t())).view(X.shape[0], R, 128).transpose(0, 1)
-                return torch.baddbmm(b2, h, W2t)
-
-            cl = []
-            with torch.no_grad():
-                for Xc, Yc in t._parts:
-                    lp = torch.log_softmax(logits(Xc), dim=2)
-                    cl.append((-lp.gather(2, Yc.view(1, -1, 1).expand(R, -1, 1)).mean(dim=(1, 2))).tolist())
-                Xt, Yt = t._test
-                acc = (logits(Xt).argmax(2) == Yt.view(1, -1)).float().mean(1).tolist()
-            sizes = np.array(t.partition_sizes(), np.float64)
-            wts = t.weights if t.weights is not None else sizes / sizes.sum()
-            evs = [{"loss": float(np.dot(wts, [c[r] for c in cl])), "accuracy": acc[r],
-                    "client_losses": [c[r] for c in cl]} for r in range(R)]
+        evs = [t.evaluate(x[r].copy()) for r, t in enumerate(self.tasks)]  # (a fresh array, as a single run's)
         self.source = self.base.source
         return {"loss": [e["loss"] for e in evs], "accuracy": [e["accuracy"] for e in evs],
                 "client_losses": [v for e in evs for v in e["client_losses"]]}
