@@ -39,7 +39,7 @@ import numpy as np  # noqa: E402
 from flwr.app import ArrayRecord, Context, Message, RecordDict  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
 
-from clients.client_app import app as project_client_app  # noqa: E402
+from fl_rescaled.clients.client_app import app as project_client_app  # noqa: E402
 from fl_rescaled import manager as manager_module  # noqa: E402
 from fl_rescaled.experiment import RunSpec, run  # noqa: E402
 from fl_rescaled.flower_sim import simulate  # noqa: E402
@@ -168,7 +168,7 @@ def main() -> None:
     for _ in range(args.repeats):
         rows["a_q3"].append(measure_run(sized(Q3, args.inprocess_updates + w), w))
 
-    def server_main(grid) -> None:
+    def server_main(grid, context) -> None:
         for _ in range(args.repeats):
             rows["b_q3"].append(measure_run(sized(Q3, args.updates + w), w, grid))
             rows["b_q1"].append(measure_run(sized(Q1, args.updates + w), w, grid))

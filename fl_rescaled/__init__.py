@@ -1,7 +1,12 @@
-"""fl-rescaled: asynchronous SGD strategies for Flower, starting with Rescaled ASGD.
+"""fl-rescaled: asynchronous strategies for Flower, starting with Rescaled ASGD.
 
-    from fl_rescaled import RescaledASGD
-    result = RescaledASGD(lr=0.1).start(grid=grid, initial_arrays=arrays, time_budget=1000)
+A drop-in for Flower's ``FedAvg`` in a ServerApp (the ClientApp does not change)::
+
+    from fl_rescaled import FedBuff
+    result = FedBuff().start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()),
+                             train_config=ConfigRecord({"lr": 0.01}), num_updates=100)
+
+``RescaledASGD(reply="model")`` gives the same ClientApp time-proportional weights.
 """
 
 import os as _os
@@ -19,33 +24,49 @@ OFFLINE_ENV = {
 for _key, _value in OFFLINE_ENV.items():
     _os.environ.setdefault(_key, _value)
 
+# In the source tree the strategies and the ClientApp live in the top-level folders ``strategies/``
+# and ``clients/`` (an installed distribution has them inside this package, as
+# ``fl_rescaled.strategies`` and ``fl_rescaled.clients``): make them importable under those names.
+_here = _os.path.dirname(_os.path.abspath(__file__))
+_root = _os.path.dirname(_here)
+if not _os.path.isdir(_os.path.join(_here, "strategies")) and _os.path.isfile(
+    _os.path.join(_root, "strategies", "__init__.py")
+):
+    __path__.append(_root)  # noqa: F821 - the package's own search path
+
 from .clock import DEFAULT_TAUS, DelayModel, VirtualClock, WallClock, tau_stats  # noqa: E402
+from .errors import RejectedReply, RunFailed  # noqa: E402
 from .grid import InProcessGrid  # noqa: E402
+from .layout import ModelLayout  # noqa: E402
 from .manager import AsyncClientManager, Completion, Job  # noqa: E402
+from .messages import add_partition_query  # noqa: E402
 from .stepsizes import delay_adaptive_stepsize, rescaled_stepsize, vanilla_stepsize  # noqa: E402
-
-# The strategies live in the top-level ``strategies`` package (which imports this one); they are
-# re-exported here lazily so either package can be imported first.
-_FROM_STRATEGIES = {
-    "STRATEGIES", "AsyncStrategy", "ASGD", "ConcurrentASGD", "DelayAdaptiveASGD", "FedAsync", "FedBuff",
-    "MaleniaSGD", "MinibatchSGD", "RescaledASGD", "RingleaderASGD", "VanillaASGD",
-}
-
-
-def __getattr__(name: str):
-    if name in _FROM_STRATEGIES:
-        import strategies
-
-        return getattr(strategies, name)
-    raise AttributeError(f"module 'fl_rescaled' has no attribute {name!r}")
+from .strategies import (  # noqa: E402
+    ASGD,
+    STRATEGIES,
+    AsyncResult,
+    AsyncStrategy,
+    ConcurrentASGD,
+    DelayAdaptiveASGD,
+    FedAsync,
+    FedBuff,
+    MaleniaSGD,
+    MinibatchSGD,
+    RescaledASGD,
+    RingleaderASGD,
+    VanillaASGD,
+)
+from .inprocess import run_inprocess  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ASGD",
     "DEFAULT_TAUS",
     "OFFLINE_ENV",
     "STRATEGIES",
     "AsyncClientManager",
+    "AsyncResult",
     "AsyncStrategy",
     "Completion",
     "ConcurrentASGD",
@@ -53,17 +74,22 @@ __all__ = [
     "DelayModel",
     "FedAsync",
     "FedBuff",
-    "MaleniaSGD",
-    "MinibatchSGD",
-    "RingleaderASGD",
     "InProcessGrid",
     "Job",
+    "MaleniaSGD",
+    "MinibatchSGD",
+    "ModelLayout",
+    "RejectedReply",
     "RescaledASGD",
+    "RingleaderASGD",
+    "RunFailed",
     "VanillaASGD",
     "VirtualClock",
     "WallClock",
+    "add_partition_query",
     "delay_adaptive_stepsize",
     "rescaled_stepsize",
+    "run_inprocess",
     "tau_stats",
     "vanilla_stepsize",
 ]

@@ -114,5 +114,9 @@ class WallClock:
     def now(self) -> float:
         return (time.monotonic() - self._t0) / self.time_unit
 
+    def restart(self) -> None:
+        """Count time from now (a run's budget starts at its first job, not at start-up)."""
+        self._t0 = time.monotonic()
+
     def advance(self, t: float) -> None:  # wall time advances by itself
         del t

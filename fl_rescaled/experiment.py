@@ -21,6 +21,7 @@ from flwr.serverapp import Grid
 from .clock import DELAY_KINDS, DelayModel, VirtualClock, WallClock, tau_stats
 from .checkpoints import save_checkpoint
 from .metrics import plot_curves, write_history_csv
+from .stepsizes import vanilla_stepsize
 from .tasks import TASKS, get_task, task_spec
 
 
@@ -57,6 +58,8 @@ class RunSpec:
     ringleader_restart: bool = False  # the public code's "restart on the current model"
     concurrency: int | None = None  # Concurrent ASGD's τ_C (default n)
     local_steps: int = 1  # FedAsync H / FedBuff Q
+    local_lr: float | None = None  # local training's learning rate (default: the α convention)
+    reply: str | None = None  # "gradient" | "model" (default: the method's)
     fedasync_mixing: float = 0.6
     fedasync_staleness: str = "polynomial"
     fedasync_a: float = 0.5
@@ -78,7 +81,7 @@ class RunSpec:
 
     def resolved(self) -> RunSpec:
         """Fill defaults that depend on other fields and validate; raises ValueError."""
-        from strategies import STRATEGIES
+        from fl_rescaled.strategies import STRATEGIES
 
         s = RunSpec(**{**asdict(self)})
         if s.task not in TASKS:
@@ -159,26 +162,56 @@ class RunSpec:
 
 
 def make_strategy(spec: RunSpec):
-    import strategies as S
+    """The strategy a spec names, with its options (no federated evaluation: the project's
+    ClientApp has no ``@app.evaluate``; runs are scored centrally)."""
+    import fl_rescaled.strategies as S
 
-    name, lr = spec.strategy, spec.lr
+    common = {"lr": spec.lr, "fraction_evaluate": 0.0, "jobs_per_node": spec.jobs_per_node}
+    if spec.reply is not None:
+        common["reply"] = spec.reply
+    name = spec.strategy
+    if name in ("malenia", "ringleader", "minibatch", "concurrent"):
+        del common["jobs_per_node"]
     if name == "rescaled":
-        return S.RescaledASGD(lr, weights=spec.weights)
+        return S.RescaledASGD(weights=spec.weights, **common)
     if name == "delay-adaptive":
-        return S.DelayAdaptiveASGD(lr, rule=spec.delay_rule)
+        return S.DelayAdaptiveASGD(rule=spec.delay_rule, **common)
     if name == "malenia":
-        return S.MaleniaSGD(lr, S=spec.malenia_s)
+        return S.MaleniaSGD(S=spec.malenia_s, **common)
     if name == "ringleader":
-        return S.RingleaderASGD(lr, restart_on_current=spec.ringleader_restart)
+        return S.RingleaderASGD(restart_on_current=spec.ringleader_restart, **common)
     if name == "concurrent":
-        return S.ConcurrentASGD(lr, seed=spec.seed, concurrency=spec.concurrency)
+        return S.ConcurrentASGD(seed=spec.seed, concurrency=spec.concurrency, **common)
     if name == "fedasync":
-        return S.FedAsync(lr, mixing=spec.fedasync_mixing, local_steps=spec.local_steps, prox=spec.fedasync_prox,
-                          staleness=spec.fedasync_staleness, a=spec.fedasync_a, b=spec.fedasync_b)
+        return S.FedAsync(mixing=spec.fedasync_mixing, staleness=spec.fedasync_staleness, a=spec.fedasync_a,
+                          b=spec.fedasync_b, **common)
     if name == "fedbuff":
-        return S.FedBuff(lr, buffer_size=spec.fedbuff_buffer, local_steps=spec.local_steps,
-                         server_lr=spec.fedbuff_server_lr, staleness_exponent=spec.staleness_exponent)
-    return S.STRATEGIES[name](lr)
+        return S.FedBuff(buffer_size=spec.fedbuff_buffer, server_lr=spec.fedbuff_server_lr,
+                         staleness_exponent=spec.staleness_exponent, **common)
+    return S.STRATEGIES[name](**common)
+
+
+def local_training(spec: RunSpec, strategy) -> dict[str, Any]:
+    """The job config of local training when the strategy takes model replies, else {}.
+
+    The local learning rate keeps the α convention (experiments.md) unless ``local_lr`` is set:
+    FedAsync η = γ_V / (mixing · H) and FedBuff η_l = γ_V · K / (η_g · Q), with γ_V = α · τ_H /
+    (n · τ_max), so that one update moves the model like one Vanilla ASGD step; the ASGD family
+    η = 1 / H, so that the pseudo-gradient is the mean of the H local gradients and the server's
+    own stepsize stays the method's.
+    """
+    if strategy.reply != "model":
+        return {}
+    H = spec.local_steps
+    if spec.local_lr is not None:
+        lr = spec.local_lr
+    elif spec.strategy == "fedasync":
+        lr = vanilla_stepsize(spec.taus, spec.lr) / (strategy.mixing * H)
+    elif spec.strategy == "fedbuff":
+        lr = vanilla_stepsize(spec.taus, spec.lr) * strategy.K / (strategy.server_lr * H)
+    else:
+        lr = 1.0 / H
+    return {"mode": "local", "local-steps": H, "local-lr": float(lr), "prox": spec.fedasync_prox}
 
 
 def make_evaluate_fn(task):
@@ -196,8 +229,8 @@ def run(spec: RunSpec, grid: Grid | None = None, *, clock: VirtualClock | WallCl
     cfg = spec.task_config()
     task = get_task(cfg)
     strategy = make_strategy(spec)
-    strategy.jobs_per_node = spec.jobs_per_node
     wall = _start(spec, cfg, task, strategy, task.initial_params(spec.seed, spec.quad_x0), grid, clock)
+    _in_gradient_units(spec, strategy)
     params = strategy.x.copy()
     out = _outcome(spec, strategy, strategy.history, params, wall, task)
     if spec.out:
@@ -267,13 +300,13 @@ def _start(spec: RunSpec, cfg: dict[str, Any], task, strategy, x0: np.ndarray, g
     """Build the grid and clock the spec asks for (unless given), run the strategy's loop on them;
     return the wall seconds the loop took."""
     if grid is None:
-        from clients.client_app import app as client_app
+        from fl_rescaled.clients.client_app import app as client_app
 
         from .grid import InProcessGrid
 
         # On the wall clock every node computes on its own thread, as real nodes would.
         grid = InProcessGrid(client_app, spec.num_clients, seed=spec.seed, threaded=spec.clock == "wall")
-    train_config: dict[str, Any] = {"task": task_spec(cfg)}
+    train_config: dict[str, Any] = {"task": task_spec(cfg), **local_training(spec, strategy)}
     options: dict[str, Any] = {"tau_estimator": spec.tau_estimator}
     if clock is None:
         if spec.clock == "wall":
@@ -294,11 +327,24 @@ def _start(spec: RunSpec, cfg: dict[str, Any], task, strategy, x0: np.ndarray, g
         manager_options=options,
         evaluate_fn=make_evaluate_fn(task),
         clock=clock,
-        eval_every=spec.eval_every,
+        eval_every=spec.eval_every or spec.budget / 200.0,
         num_workers=spec.num_clients,
+        partition_query=True,  # the project's ClientApp answers it; taus and weights are per partition
         progress=spec.progress,
     )
     return time.perf_counter() - wall0
+
+
+def _in_gradient_units(spec: RunSpec, strategy) -> None:
+    """Model replies: a pseudo-gradient is about η · H gradients, so the books' cumulative stepsize
+    (the server's multipliers) is scaled by η · H to compare with the gradient methods'."""
+    local = local_training(spec, strategy)
+    if not local:
+        return
+    scale = local["local-lr"] * local["local-steps"]
+    strategy.manager.stepsize_sum *= scale
+    for row in strategy.history:
+        row["cumulative_stepsize"] *= scale
 
 
 def _outcome(spec: RunSpec, strategy, history: list[dict[str, Any]], params: np.ndarray, wall: float,

@@ -12,7 +12,10 @@ wall time differs: the engine polls for new messages every 0.1 s, one message pe
 
 ``run_many_on_flower(specs)`` runs several experiments one after the other inside one simulation
 (one Ray start), with as many SuperNodes as the largest of them needs. ``simulate(main, ...)`` is
-the general form: any ``main(grid)`` as the ServerApp, any ClientApp (the benchmarks use it).
+the general form: any ``main(grid, context)`` as the ServerApp, any ClientApp (the benchmarks use it),
+and ``run_on_flower_engine(server_app, client_app, ...)`` runs a user's app pair, as
+``fl_rescaled.run_inprocess`` does on the in-process Grid. Both pass ``run_config`` to the ServerApp's
+and every ClientApp's ``Context`` (Flower's ``run_simulation`` leaves them empty).
 
 Environment: importing ``fl_rescaled`` (before ``flwr``) applies ``fl_rescaled.OFFLINE_ENV``: Flower's
 telemetry and update check and Ray's usage statistics off unless the user set them.
@@ -114,26 +117,51 @@ def backend_config(num_cpus: int = 2, *, verbose: bool = False) -> dict[str, Any
     }
 
 
+class _RunConfigClientApp(ClientApp):
+    """A ClientApp that hands ``inner`` a Context whose ``run_config`` is the run's (``run_simulation``
+    gives the nodes an empty one)."""
+
+    def __init__(self, inner: ClientApp, run_config: dict[str, Any]) -> None:
+        super().__init__()
+        self.inner = inner
+        self.run_config = dict(run_config)
+
+    def __call__(self, message: Message, context: Context) -> Message:
+        return self.inner(message, with_run_config(context, self.run_config))
+
+
+def with_run_config(context: Context, run_config: dict[str, Any]) -> Context:
+    """``context`` with ``run_config`` (Flower forbids changing a Context's run config in place);
+    the node's ``state`` is the same object, so what the app stores there persists."""
+    return Context(run_id=context.run_id, node_id=context.node_id, node_config=context.node_config,
+                   state=context.state, run_config={**run_config})
+
+
 def simulate(
-    main: Callable[[Grid], T],
+    main: Callable[[Grid, Context], T],
     *,
     num_supernodes: int,
     client_app: ClientApp | None = None,
+    run_config: dict[str, Any] | None = None,
     num_cpus: int = 2,
     verbose: bool = False,
 ) -> T:
-    """Run ``main(grid)`` as the ServerApp of a Flower simulation; return what it returns.
+    """Run ``main(grid, context)`` as the ServerApp of a Flower simulation; return what it returns.
 
     ``run_simulation`` runs the ServerApp in a thread of this process, so ``main`` can hand back
-    any Python object. ``client_app`` defaults to the project's ClientApp. Raises
-    ``FlowerRunError`` (``__cause__``: the original exception) if ``main`` or the engine failed.
+    any Python object. ``client_app`` defaults to the project's ClientApp; ``run_config`` is the
+    run config of the ServerApp's and every node's Context. Raises ``FlowerRunError``
+    (``__cause__``: the original exception) if ``main`` or the engine failed.
     """
     if num_supernodes < 1:
         raise ValueError("num_supernodes must be at least 1")
     from flwr.simulation import run_simulation
 
     if client_app is None:
-        from clients.client_app import app as client_app
+        from fl_rescaled.clients.client_app import app as client_app
+    config = dict(run_config or {})
+    if config:
+        client_app = _RunConfigClientApp(client_app, config)
 
     results: list[T] = []
     failure: list[BaseException] = []
@@ -142,9 +170,8 @@ def simulate(
 
     @server_app.main()
     def _main(grid: Grid, context: Context) -> None:
-        del context
         try:
-            results.append(main(_AbortableGrid(grid, abort)))
+            results.append(main(_AbortableGrid(grid, abort), with_run_config(context, config)))
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
             failure.append(exc)
             raise
@@ -181,6 +208,24 @@ def simulate(
     return results[0]
 
 
+def run_on_flower_engine(server_app: ServerApp, client_app: ClientApp, num_supernodes: int, *,
+                         run_config: dict[str, Any] | None = None, app_dir: str | None = None,
+                         num_cpus: int = 2, verbose: bool = False) -> Context:
+    """Run a user's ServerApp / ClientApp pair on Flower's Simulation Engine with ``run_config``
+    (with ``app_dir``: overrides of the app's ``[tool.flwr.app.config]``); returns the ServerApp's
+    Context. The counterpart of ``fl_rescaled.run_inprocess``."""
+    from .inprocess import app_run_config
+
+    config = app_run_config(app_dir, run_config) if app_dir is not None else dict(run_config or {})
+
+    def main(grid: Grid, context: Context) -> Context:
+        server_app(grid, context)
+        return context
+
+    return simulate(main, num_supernodes=num_supernodes, client_app=client_app, run_config=config,
+                    num_cpus=num_cpus, verbose=verbose)
+
+
 def run_many_on_flower(specs: Sequence[RunSpec], *, num_cpus: int = 2, verbose: bool = False) -> list[dict[str, Any]]:
     """Run ``specs`` one after the other in one Flower simulation; return their outcomes.
 
@@ -195,7 +240,8 @@ def run_many_on_flower(specs: Sequence[RunSpec], *, num_cpus: int = 2, verbose: 
         return []
     outcomes: list[dict[str, Any]] = []
 
-    def main(grid: Grid) -> list[dict[str, Any]]:
+    def main(grid: Grid, context: Context) -> list[dict[str, Any]]:
+        del context
         for spec in resolved:
             outcome = run(spec, grid=grid)
             outcome["engine"] = "flower"

@@ -107,6 +107,13 @@ class InProcessGrid(Grid):
         self._futures: dict[str, Any] = {}
         self._executors: dict[int, Any] = {}
         self.offline: set[int] = set()  # nodes taken down with ``set_online`` (tests)
+        #: Replies are computed when pulled, so a strategy's default clock is the virtual one
+        #: (with threads, nodes compute concurrently in real time: the wall clock).
+        self.virtual_time = not threaded
+
+    def node_config(self, node_id: int) -> dict[str, Any]:
+        """The node config of ``node_id`` (``partition-id``, ``num-partitions``, user keys such as ``tau``)."""
+        return dict(self.contexts[node_id].node_config)
 
     def set_online(self, node_id: int, online: bool) -> None:
         """Take a node down (its jobs fail with Flower's NODE_UNAVAILABLE) or bring it back."""

@@ -22,26 +22,19 @@ from operator import attrgetter
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, Message
+from flwr.app import ArrayRecord, Message
 from flwr.serverapp import Grid
 
 from .clock import VirtualClock, WallClock
-from .messages import (
-    JOB_TYPE,
-    RejectedReply,
-    decode_vector,
-    encode_vector,
-    hello_message,
-    job_content,
-    parse_hello,
-    parse_reply,
-)
+from .errors import RejectedReply, client_error_text
+from .layout import ModelLayout
+from .messages import JOB_TYPE, hello_message, job_content, parse_hello, parse_reply
 
 #: Rejection reasons that mean the node itself is gone (not just this job): Flower's
 #: MESSAGE_UNAVAILABLE (expired in transit), NODE_UNAVAILABLE, and our own TTL expiry.
-_NODE_GONE = ("error-code-3", "error-code-5", "ttl-expired")
+NODE_GONE = ("error-code-3", "error-code-5", "ttl-expired")
 
-log = logging.getLogger("fl_rescaled")
+log = logging.getLogger("flwr.fl_rescaled")
 
 #: Virtual-clock order of completions: finishing time, then worker index, then job id.
 _COMPLETION_ORDER = attrgetter("finish_time", "worker", "job_id")
@@ -58,7 +51,7 @@ class Job:
     finish_time: float = math.nan  # virtual clock only
     message_id: str = ""
     pushed_at: float = 0.0  # wall-clock seconds (time.monotonic)
-    model: Array | None = None  # the encoded model this job carries (shared, never copied)
+    model: ArrayRecord | None = None  # the encoded model this job carries (shared, never copied)
     node_id: int = 0  # the node it was sent to (a worker's node id changes if its SuperNode restarts)
 
 
@@ -67,9 +60,11 @@ class Completion:
     job: Job
     time: float
     delay: int  # δ = k − v: server updates applied since the job's model was sent
-    update: np.ndarray | None = None
+    update: np.ndarray | None = None  # a direction g (flat): the server steps x ← x − γ g
     metrics: dict[str, Any] = field(default_factory=dict)
+    carried: dict[str, np.ndarray] = field(default_factory=dict)  # the reply's non-float arrays
     rejected: str | None = None  # reason when the reply must not touch the model
+    detail: str = ""  # what was wrong with it, and what was expected
 
     @property
     def worker(self) -> int:
@@ -97,17 +92,38 @@ class WorkerBook:
     online: bool = True  # wall clock: False after its node was reported gone, until it reappears
     last_delivery: float = math.nan  # wall clock: time.monotonic() of the last accepted reply
     last_version: int = -1  # the model version this worker was last sent ...
-    last_model: Array | None = None  # ... and that model, encoded
+    last_model: ArrayRecord | None = None  # ... and that model, encoded
+
+
+def zero_nonfinite_replicas(flat: np.ndarray, replicas: int) -> tuple[np.ndarray, list[int]]:
+    """A batched reply (R replicas' vectors end to end) with the non-finite replicas' rows zeroed
+    (in a copy) and their indices, instead of a rejection for every replica (they are frozen)."""
+    if np.isfinite(np.dot(flat, flat)) or np.isfinite(flat).all():
+        return flat, []
+    rows = flat.reshape(replicas, -1).copy()
+    bad = ~np.isfinite(rows).all(axis=1)
+    rows[bad] = 0.0
+    return rows.reshape(-1), [int(r) for r in np.flatnonzero(bad)]
 
 
 class AsyncClientManager:
-    """Runs jobs on Flower nodes for an asynchronous strategy."""
+    """Runs jobs on Flower nodes for an asynchronous strategy.
+
+    ``layout``: the model's ``ModelLayout``; jobs carry the model in it and replies are checked
+    against it. ``reply``: what a reply's arrays are, ``"gradient"`` (g itself) or ``"model"``
+    (the trained model y; the manager hands the strategy the pseudo-gradient x_sent − y, from the
+    model the job carried). Either way a completion's ``update`` is a direction g for x ← x − γ g.
+    """
 
     def __init__(
         self,
         grid: Grid,
         clock: VirtualClock | WallClock,
         *,
+        layout: ModelLayout,
+        reply: str = "gradient",
+        arrayrecord_key: str = "arrays",
+        configrecord_key: str = "config",
         train_config: dict[str, Any] | None = None,
         ttl: float = 3600.0,
         poll_interval: float = 0.002,
@@ -116,8 +132,14 @@ class AsyncClientManager:
         worker_config: list[dict[str, Any]] | None = None,
         node_refresh: float = 2.0,
     ) -> None:
+        if reply not in ("gradient", "model"):
+            raise ValueError(f"reply must be 'gradient' or 'model', got {reply!r}")
         self.grid = grid
         self.clock = clock
+        self.layout = layout
+        self.reply = reply
+        self.arrayrecord_key = arrayrecord_key
+        self.configrecord_key = configrecord_key
         self.train_config = dict(train_config or {})
         self.ttl = float(ttl)
         self.poll_interval = poll_interval
@@ -127,6 +149,7 @@ class AsyncClientManager:
         self.tau_estimator = tau_estimator
         self.worker_config = worker_config  # extra per-worker job config (e.g. emulated τ_i)
         self.node_refresh = node_refresh
+        self.partition_query = False  # set by connect: nodes answered the partition query
         self._next_refresh = 0.0
         self._hello_pending: dict[str, int] = {}  # hello message id -> node id (nodes that appeared)
         self.joined: list[int] = []  # workers that (re)appeared and wait for a job
@@ -135,14 +158,16 @@ class AsyncClientManager:
         self.worker_of_node: dict[int, int] = {}
         self.version = 0  # k: server updates applied so far
         self.stepsize_sum = 0.0
-        self.replicas = 1  # batched runs: the model is this many replicas end to end (see parse_reply)
+        self.replicas = 1  # batched runs: the model is this many replicas end to end (see _complete)
         self.inflight: dict[str, Job] = {}
         self.rejections: Counter[str] = Counter()
+        self.first_rejection: tuple[str, str] | None = None  # (reason, detail) of the first one
+        self.accepted = 0  # replies that passed validation
         self._next_job_id = 0
         self._arrived: dict[str, Message] = {}
         self._arrival_order: deque[str] = deque()
         self._finished_ids: set[str] = set()
-        self._encoded: tuple[int, Array] | None = None  # (version, encoded model)
+        self._encoded: tuple[int, ArrayRecord] | None = None  # (version, encoded model)
         self._cancelled: dict[str, Job] = {}  # cancelled jobs whose replies may still arrive
 
     # ------------------------------------------------------------------ workers
@@ -150,11 +175,14 @@ class AsyncClientManager:
     def num_workers(self) -> int:
         return len(self.books)
 
-    def connect(self, num_workers: int | None = None, timeout: float = 120.0) -> list[int]:
-        """Find the nodes and map each to a worker index (its ``partition-id``).
+    def connect(self, num_workers: int | None = None, timeout: float = 120.0, *,
+                partition_query: bool = False) -> list[int]:
+        """Wait for the nodes and number them as workers; return the node ids in worker order.
 
-        Sends every node a ``query.hello`` message; the ClientApp answers with the partition id
-        from its node config. Returns the node ids ordered by worker index.
+        ``partition_query``: ask every node which partition it holds (``query.hello``, answered by
+        a ClientApp that called ``add_partition_query``) and number the workers by partition id;
+        a node that does not answer fails the run with a clear message. Without it the workers
+        are the nodes in ascending node-id order.
         """
         deadline = time.monotonic() + timeout
         nodes: list[int] = []
@@ -163,34 +191,48 @@ class AsyncClientManager:
             if nodes and (num_workers is None or len(nodes) >= num_workers):
                 break
             if time.monotonic() > deadline:
-                raise TimeoutError(f"only {len(nodes)} of {num_workers} nodes connected")
+                raise TimeoutError(f"only {len(nodes)} of {num_workers} nodes connected within {timeout:g} s")
             time.sleep(0.1)
-        ids = list(self.grid.push_messages([hello_message(n, timeout) for n in nodes]))
-        pending = set(ids)
-        partition: dict[int, int] = {}
-        while pending and time.monotonic() < deadline:
-            got = False
-            for rep in self.grid.pull_messages(list(pending)):
-                got = True
-                pending.discard(rep.metadata.reply_to_message_id)
-                pid = parse_hello(rep)
-                if pid is not None:
-                    partition[rep.metadata.src_node_id] = pid
-            if not got:
-                time.sleep(0.05)
-        if pending:
-            raise TimeoutError(f"{len(pending)} nodes did not answer the hello query")
-        order = sorted(nodes, key=lambda n: (partition.get(n, 1 << 62), n))
-        pids = [partition.get(n) for n in order]
-        if sorted(p for p in pids if p is not None) != list(range(len(order))):
-            log.warning("partition ids %s are not 0..n-1; ordering workers by node id", pids)
-            order = nodes
+        order = self._order_by_partition(nodes, deadline) if partition_query else nodes
+        self.partition_query = partition_query
         if num_workers is not None:
             order = order[:num_workers]
         self.books = [WorkerBook(node_id=n) for n in order]
         self.worker_of_node = {n: i for i, n in enumerate(order)}
         self._ignored_nodes = set(nodes) - set(order)
         return order
+
+    def _order_by_partition(self, nodes: list[int], deadline: float) -> list[int]:
+        ids = list(self.grid.push_messages([hello_message(n, max(1.0, deadline - time.monotonic())) for n in nodes]))
+        node_of = dict(zip(ids, nodes))
+        pending = set(ids)
+        partition: dict[int, int] = {}
+        failed: dict[int, str] = {}
+        while pending and time.monotonic() < deadline:
+            got = False
+            for rep in self.grid.pull_messages(list(pending)):
+                got = True
+                mid = rep.metadata.reply_to_message_id
+                pending.discard(mid)
+                pid = parse_hello(rep)
+                if pid is None:
+                    failed[node_of.get(mid, rep.metadata.src_node_id)] = (
+                        str(rep.error.reason) if rep.has_error() else "no partition-id in the answer")
+                else:
+                    partition[node_of.get(mid, rep.metadata.src_node_id)] = pid
+            if not got:
+                time.sleep(0.05)
+        if pending or failed:
+            why = (f"{len(pending)} node(s) did not answer within the timeout" if pending
+                   else f"node {next(iter(failed))} answered: {client_error_text(next(iter(failed.values())))}")
+            raise RuntimeError(
+                "this run numbers its workers by partition (per-partition taus, weights or worker "
+                f"config), but the partition query failed: {why}. Add the query to your ClientApp with "
+                "`fl_rescaled.add_partition_query(app)`, or give the settings in node-id order without it.")
+        pids = [partition[n] for n in nodes]
+        if sorted(pids) != list(range(len(nodes))):
+            raise RuntimeError(f"the nodes hold partitions {sorted(pids)}; expected 0..{len(nodes) - 1} once each")
+        return sorted(nodes, key=lambda n: partition[n])
 
     def tau_estimates(self) -> list[float]:
         """Mean compute time per worker: exact in simulation, estimated online on the wall clock."""
@@ -199,15 +241,17 @@ class AsyncClientManager:
         return [b.tau_estimate for b in self.books]
 
     # ------------------------------------------------------------------ jobs
-    def submit(self, worker: int, model: np.ndarray, version: int, config: dict | None = None) -> Job:
-        """Send ``worker`` a job on ``model`` (whose server version is ``version``).
+    def submit(self, worker: int, model: np.ndarray, version: int, config: dict | None = None,
+               carried: dict[str, np.ndarray] | None = None) -> Job:
+        """Send ``worker`` a job on ``model`` (the flat float vector of server version ``version``,
+        with the non-float arrays ``carried``).
 
         A model of the version last encoded is not serialised again. If the worker is still busy
         the job queues behind its current ones (first in, first out).
         """
         encoded = self._encoded
         if encoded is None or encoded[0] != version:
-            encoded = self._encoded = (version, encode_vector(model))
+            encoded = self._encoded = (version, self.layout.encode(model, carried or {}))
         return self._push(worker, version, encoded[1], config)
 
     def resend(self, worker: int, config: dict | None = None) -> Job:
@@ -218,11 +262,11 @@ class AsyncClientManager:
         return self._push(worker, book.last_version, book.last_model, config)
 
     def model_of(self, job: Job) -> np.ndarray:
-        """The model a job was computed on (a read-only view of its message's bytes)."""
+        """The flat model a job was computed on (read-only when the model is one float array)."""
         assert job.model is not None
-        return decode_vector(job.model)
+        return self.layout.flatten(job.model)[0]
 
-    def _push(self, worker: int, version: int, model: Array, config: dict | None) -> Job:
+    def _push(self, worker: int, version: int, model: ArrayRecord, config: dict | None) -> Job:
         book = self.books[worker]
         clock = self.clock
         now = clock.now
@@ -234,11 +278,12 @@ class AsyncClientManager:
         if clock.virtual:
             job.start_time = start = max(now, book.free_at)
             job.finish_time = book.free_at = start + clock.job_duration(worker)
-        tag = {"job-id": job.job_id, "worker": worker, "version": version, "job-seq": seq}
+        tag = {"job-id": job.job_id, "worker": worker, "version": version, "job-seq": seq, "server-round": version + 1}
         if self.worker_config is not None:
             tag.update(self.worker_config[worker])
         cfg = {**self.train_config, **config, **tag} if config else {**self.train_config, **tag}
-        msg = Message(job_content(model, cfg), book.node_id, JOB_TYPE, ttl=self.ttl, group_id=str(version))
+        msg = Message(job_content(model, cfg, self.arrayrecord_key, self.configrecord_key), book.node_id, JOB_TYPE,
+                      ttl=self.ttl, group_id=str(version))
         (mid,) = self.grid.push_messages([msg])
         job.message_id = mid
         job.pushed_at = time.monotonic()
@@ -339,22 +384,24 @@ class AsyncClientManager:
             book.busy_done += job.finish_time - job.start_time
         if lost is not None or reply is None:
             comp.rejected = lost or "lost"
+            comp.detail = "no reply within the job's TTL" if comp.rejected == "ttl-expired" else "no reply"
             log.warning("job %d (worker %d) lost: %s", job.job_id, job.worker, comp.rejected)
         else:
             try:
-                comp.update, comp.metrics = parse_reply(reply, job.job_id, self._model_size(), self.replicas)
+                self._read_reply(comp, reply)
+                self.accepted += 1
             except RejectedReply as rej:
-                comp.rejected = rej.reason
-                log.warning(
-                    "rejected reply of job %d (worker %d): %s", job.job_id, job.worker, rej
-                )
+                comp.rejected, comp.detail = rej.reason, rej.detail
+                if self.first_rejection is None:
+                    self.first_rejection = (rej.reason, rej.detail)
+                log.warning("rejected the reply to job %d (worker %d): %s", job.job_id, job.worker, rej)
         if comp.rejected is not None:
             # A job that never came back, or came back as a transport/ClientApp error, is lost.
             if reply is None or comp.rejected.startswith("error-code"):
                 book.lost += 1
             # Its node is gone for now (until it answers a hello again), unless the worker has
             # already moved to a new node.
-            if comp.rejected in _NODE_GONE and not self.clock.virtual and job.node_id == book.node_id:
+            if comp.rejected in NODE_GONE and not self.clock.virtual and job.node_id == book.node_id:
                 book.online = False
             book.rejected += 1
             self.rejections[comp.rejected] += 1
@@ -377,9 +424,20 @@ class AsyncClientManager:
                 book.tau_estimate = (1 - a) * book.tau_estimate + a * measured
         return comp
 
-    def _model_size(self) -> int:
-        assert self._encoded is not None
-        return int(self._encoded[1].shape[0])
+    def _read_reply(self, comp: Completion, reply: Message) -> None:
+        """Validate a reply and fill the completion's update (a direction g), metrics and carried
+        arrays; raises ``RejectedReply``."""
+        layout = self.layout
+        batched = self.replicas > 1
+        flat, carried, metrics = parse_reply(reply, layout, arrayrecord_key=self.arrayrecord_key,
+                                             carried_required=self.reply == "model", check_finite=not batched)
+        if self.reply == "model":
+            flat = np.subtract(self.model_of(comp.job), flat)
+        if batched:
+            flat, bad = zero_nonfinite_replicas(flat, self.replicas)
+            if bad:
+                metrics["nonfinite-replicas"] = bad
+        comp.update, comp.carried, comp.metrics = flat, carried, metrics
 
     def _accept(self, replies: list[Message]) -> None:
         """Buffer pulled replies; reject those that answer no job in flight."""
@@ -459,12 +517,26 @@ class AsyncClientManager:
                 book.online = False
                 log.warning("worker %d (node %d) left", i, book.node_id)
             elif not book.online and book.node_id in current:
+                if not self.partition_query:  # (no query to probe it with) listed again: back
+                    self._rejoin(i, book.node_id)
                 # Listed is not alive: a SIGKILLed node stays listed until its heartbeat times out
                 # (~60 s). Probe it; _on_hello marks it back when it answers.
-                if book.node_id not in self._hello_pending.values():
+                elif book.node_id not in self._hello_pending.values():
                     self._probe([book.node_id])
         known = set(self.worker_of_node) | set(self._hello_pending.values()) | self._ignored_nodes
-        self._probe(sorted(current - known))
+        new = sorted(current - known)
+        if self.partition_query:
+            self._probe(new)
+            return
+        # Without the partition query a new node (a restarted SuperNode gets a new id) takes the
+        # place of a worker whose node is gone, lowest index first; other new nodes are not used.
+        gone = [i for i, b in enumerate(self.books) if not b.online and b.node_id not in current]
+        for node in new:
+            if not gone:
+                self._ignored_nodes.add(node)
+                log.warning("node %d appeared; no worker is missing, so it gets no jobs", node)
+                continue
+            self._rejoin(gone.pop(0), node)
 
     def _probe(self, nodes: list[int]) -> None:
         """Ask ``nodes`` who they are; ``_on_hello`` handles the answers as they arrive."""
@@ -482,6 +554,10 @@ class AsyncClientManager:
             self._ignored_nodes.add(node)
             log.warning("node %d holds partition %d, outside this run's %d workers", node, worker, len(self.books))
             return
+        self._rejoin(worker, node)
+
+    def _rejoin(self, worker: int, node: int) -> None:
+        """Worker ``worker`` is on node ``node`` (again): it is online and waits for a job."""
         book = self.books[worker]
         old = book.node_id
         self.worker_of_node.pop(old, None)
@@ -513,6 +589,24 @@ class AsyncClientManager:
         if t <= 0:
             return 0.0
         return max(0.0, 1.0 - self.busy_time(worker, t) / t)
+
+    def books_summary(self) -> dict[str, int | float]:
+        """The run's books as flat numbers (``AsyncResult.books``): jobs sent, replies accepted,
+        updates, rejections in all and per reason, lost and discarded jobs, jobs still in flight."""
+        out: dict[str, int | float] = {
+            "updates": self.version,
+            "jobs-sent": sum(b.jobs_sent for b in self.books),
+            "replies-accepted": self.accepted,
+            "rejected": sum(self.rejections.values()),
+            "lost": sum(b.lost for b in self.books),
+            "discarded": sum(b.discarded for b in self.books),
+            "in-flight": len(self.inflight),
+            "cumulative-stepsize": self.stepsize_sum,
+            "time": float(self.clock.now),
+        }
+        for reason, count in sorted(self.rejections.items()):
+            out[f"rejected.{reason}"] = count
+        return out
 
     def summary(self, t: float | None = None) -> dict[str, Any]:
         return {

@@ -577,7 +577,7 @@ def run_quadratic(method: str, taus: list[float], budget: float, on_event, delay
     the virtual clock ``DelayModel(taus, delays, seed)``; ``on_event(comp, x)`` sees every event."""
     from flwr.app import Array, ArrayRecord
 
-    from clients.client_app import app
+    from fl_rescaled.clients.client_app import app
 
     from .clock import DelayModel, VirtualClock
     from .experiment import RunSpec, make_strategy
@@ -593,7 +593,7 @@ def run_quadratic(method: str, taus: list[float], budget: float, on_event, delay
         cfg.update({"quad-a": a, "quad-b": b})
     strategy.start(InProcessGrid(app, n), ArrayRecord({"model": Array(np.full(1, float(x0)))}),
                    time_budget=budget, train_config={"task": task_spec(cfg)},
-                   clock=VirtualClock(DelayModel(taus, delays, seed)), eval_every=budget)
+                   clock=VirtualClock(DelayModel(taus, delays, seed)), eval_every=budget, partition_query=True)
 
 
 def run_toy(method: str, toy: dict[str, Any]) -> list[tuple[float, float]]:

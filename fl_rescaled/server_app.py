@@ -37,14 +37,14 @@ def spec_from_run_config(cfg: dict[str, Any]) -> RunSpec:
             value = [float(v) for v in str(value).split(",") if v.strip()]
         kw[name] = value
     for name in ("lr", "budget", "eval_every", "dirichlet_alpha", "quad_x0", "noise", "time_unit", "ttl",
-                 "fedasync_mixing", "staleness_exponent", "malenia_s"):
+                 "fedasync_mixing", "staleness_exponent", "malenia_s", "local_lr"):
         if name in kw:
             kw[name] = float(kw[name])
     for name in ("seed", "batch_size", "quad_dim", "num_clients", "jobs_per_node", "concurrency", "local_steps",
                  "fedbuff_buffer"):
         if name in kw:
             kw[name] = int(kw[name])
-    for name in ("num_clients", "concurrency", "malenia_s"):  # 0 stands for "not set"
+    for name in ("num_clients", "concurrency", "malenia_s", "local_lr"):  # 0 stands for "not set"
         if kw.get(name) == 0:
             del kw[name]
     if "ringleader_restart" in kw:

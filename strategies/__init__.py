@@ -1,6 +1,6 @@
 """Asynchronous strategies: subclasses of Flower's ``Strategy`` driven by ``start``."""
 
-from .base import ASGD, AsyncStrategy
+from .base import ASGD, AsyncResult, AsyncStrategy
 from .concurrent import ConcurrentASGD
 from .delay_adaptive import DelayAdaptiveASGD
 from .fedasync import FedAsync
@@ -26,6 +26,7 @@ STRATEGIES = {
 
 __all__ = [
     "ASGD",
+    "AsyncResult",
     "STRATEGIES",
     "AsyncStrategy",
     "ConcurrentASGD",

@@ -1,54 +1,46 @@
 """The event loop shared by every asynchronous strategy.
 
-``AsyncStrategy.start`` replaces Flower's round loop: it hands the strategy one completed job at a
+``AsyncStrategy.start`` replaces Flower's round loop. It hands the strategy one finished job at a
 time (``on_completion``), in virtual-clock order in simulation and in arrival order on the wall
-clock, evaluates the global model on a fixed time grid at no simulated cost, and returns Flower's
-``Result``. Subclasses implement ``on_start`` (send the first jobs) and ``on_completion``.
+clock; evaluates the global model about ten times by default (centrally with ``evaluate_fn``, and
+on the nodes' ``@app.evaluate`` with ``fraction_evaluate``); aggregates every numeric metric the
+replies carry per evaluation window; and returns Flower's ``Result`` (an ``AsyncResult``, which
+adds the run's books). A run that cannot make progress raises ``RunFailed`` with the first
+rejection's reason instead of returning the initial model.
+
+Subclasses implement ``on_start`` (send the first jobs) and ``on_completion``.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import math
+import random
 import time
+from abc import abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from fl_rescaled.clock import DelayModel, VirtualClock, WallClock
-from fl_rescaled.manager import AsyncClientManager, Completion
+from fl_rescaled.errors import RunFailed, client_error_text
+from fl_rescaled.layout import ModelLayout
+from fl_rescaled.manager import NODE_GONE, AsyncClientManager, Completion
+from fl_rescaled.messages import EVALUATE_TYPE, reply_metrics
 from fl_rescaled.metrics import ProgressBar
 from fl_rescaled.stepsizes import vanilla_stepsize
 
-log = logging.getLogger("fl_rescaled")
+log = logging.getLogger("flwr.fl_rescaled")
 
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 
-
-def flatten_arrays(arrays: ArrayRecord) -> tuple[np.ndarray, list[tuple[str, tuple[int, ...], str]]]:
-    """Concatenate an ArrayRecord into one flat vector; return it and the layout to undo it."""
-    layout, parts = [], []
-    for key, arr in arrays.items():
-        a = arr.numpy()
-        layout.append((key, tuple(a.shape), str(a.dtype)))
-        parts.append(a.reshape(-1))
-    dtypes = {p.dtype for p in parts}
-    dtype = np.result_type(*dtypes) if dtypes else np.float32
-    flat = np.concatenate(parts).astype(dtype, copy=True) if parts else np.zeros(0, np.float32)
-    return flat, layout
-
-
-def unflatten_arrays(flat: np.ndarray, layout: list[tuple[str, tuple[int, ...], str]]) -> ArrayRecord:
-    out, pos = {}, 0
-    for key, shape, dtype in layout:
-        size = int(np.prod(shape)) if shape else 1
-        out[key] = Array(np.ascontiguousarray(flat[pos : pos + size].reshape(shape).astype(dtype)))
-        pos += size
-    return ArrayRecord(out)
+REPLIES = ("gradient", "model")
 
 
 def average_of_means(G: np.ndarray, counts: np.ndarray, n: int) -> np.ndarray:
@@ -64,21 +56,142 @@ def average_of_means(G: np.ndarray, counts: np.ndarray, n: int) -> np.ndarray:
     return acc / n
 
 
+@dataclass
+class AsyncResult(Result):
+    """Flower's ``Result`` plus the run's books.
+
+    ``books``: updates applied, jobs sent, replies accepted, rejected (in all and per reason:
+    ``rejected.<reason>``), lost, discarded, jobs still in flight, the final time and wall seconds.
+    ``evaluate_metrics_*`` and ``train_metrics_clientapp`` are keyed by evaluation number (0 is
+    the start), each record with its ``time`` and ``updates``.
+    """
+
+    books: MetricRecord = field(default_factory=MetricRecord)
+
+    def __repr__(self) -> str:
+        return super().__repr__() + "\nBooks:\n\t" + ", ".join(f"{k}={v}" for k, v in self.books.items()) + "\n"
+
+
+class MetricWindow:
+    """Weighted means of the numeric metrics of the replies accepted since the last evaluation.
+
+    A reply's weight is its ``weighted_by_key`` metric (``num-examples``) when it has one, else 1;
+    the weight key itself is summed, not averaged (as Flower's ``aggregate_metricrecords`` leaves it
+    out of the means).
+    """
+
+    def __init__(self, weighted_by_key: str) -> None:
+        self.key = weighted_by_key
+        self.clear()
+
+    def clear(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.weights: dict[str, float] = {}
+        self.replies = 0
+        self.weight_total = 0.0
+
+    def add(self, metrics: dict[str, Any]) -> None:
+        w = metrics.get(self.key)
+        w = float(w) if isinstance(w, (int, float)) and not isinstance(w, bool) and w > 0 else 1.0
+        self.replies += 1
+        self.weight_total += w
+        for k, v in metrics.items():
+            if k == self.key or isinstance(v, bool) or not isinstance(v, (int, float)):
+                continue
+            if not math.isfinite(v):
+                continue
+            self.sums[k] = self.sums.get(k, 0.0) + w * float(v)
+            self.weights[k] = self.weights.get(k, 0.0) + w
+
+    def record(self) -> dict[str, float]:
+        out = {k: self.sums[k] / self.weights[k] for k in self.sums}
+        if self.replies:
+            out[self.key] = self.weight_total
+        return out
+
+
 class AsyncStrategy(Strategy):
-    """Base class of the asynchronous strategies (no rounds; one event at a time)."""
+    """Base class of the asynchronous strategies: no rounds, one event at a time.
+
+    Parameters
+    ----------
+    lr : float (default: 1.0)
+        The cycle stepsize α: each method scales its steps so that the stepsizes it applies per
+        τ_max time units add up to α (see the subclass). With ``reply="model"``, α = 1 moves the
+        model per τ_max about as far as one FedAvg round.
+    reply : str (default: the method's, ``"gradient"`` or ``"model"``)
+        What a reply's arrays are. ``"gradient"``: a stochastic gradient g (or any direction the
+        server steps against: x ← x − γ g). ``"model"``: the model y the client trained from the
+        x_sent it received (what a FedAvg ClientApp returns); the server uses the pseudo-gradient
+        x_sent − y in place of g, from the model the job carried. Non-float arrays of a model reply
+        (a BatchNorm counter) are adopted from the latest accepted reply; they are never stepped.
+    jobs_per_node : int (default: 1)
+        Jobs kept in flight per worker by the methods that restart a worker at once (the ASGD
+        family, FedAsync, FedBuff). Two hide a deployment's polling latency, at the cost of
+        staleness. The round-based methods keep one.
+    fraction_evaluate : float (default: 1.0)
+        Fraction of the nodes that evaluate the global model with their ``@app.evaluate`` at each
+        evaluation point (as FedAvg's); their aggregated metrics fill
+        ``Result.evaluate_metrics_clientapp``. 0 turns federated evaluation off.
+    weighted_by_key : str (default: "num-examples")
+        The reply metric used as the weight when metrics are averaged.
+    arrayrecord_key : str (default: "arrays")
+        Key of the ArrayRecord in the messages sent to (and replies read from) the ClientApps.
+    configrecord_key : str (default: "config")
+        Key of the ConfigRecord in the messages sent to the ClientApps.
+    max_consecutive_rejections : int, optional (default: max(20, 2n))
+        The run stops with ``RunFailed`` when this many replies in a row are rejected (lost jobs
+        of nodes that left do not count). It also stops when every worker has answered and no
+        reply could be used.
+    """
 
     #: Short name used on the command line and in reports.
     name = "async"
+    #: What this method's ClientApp replies with by default.
+    default_reply = "gradient"
+    #: False for the round-based methods, which keep exactly one job per worker.
+    restarts_at_once = True
 
-    def __init__(self, lr: float) -> None:
-        if not (isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr)):
-            raise ValueError(f"the cycle stepsize α must be positive, got {lr!r}")
+    def __init__(
+        self,
+        *,
+        lr: float = 1.0,
+        reply: str | None = None,
+        jobs_per_node: int = 1,
+        fraction_evaluate: float = 1.0,
+        weighted_by_key: str = "num-examples",
+        arrayrecord_key: str = "arrays",
+        configrecord_key: str = "config",
+        max_consecutive_rejections: int | None = None,
+    ) -> None:
+        if isinstance(lr, bool) or not (isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr)):
+            raise ValueError(f"the cycle stepsize lr (α) must be positive, got {lr!r}")
+        reply = self.default_reply if reply is None else reply
+        if reply not in REPLIES:
+            raise ValueError(f"reply must be one of {REPLIES}, got {reply!r}")
+        if isinstance(jobs_per_node, bool) or not isinstance(jobs_per_node, int) or jobs_per_node < 1:
+            raise ValueError(f"jobs_per_node must be a positive integer, got {jobs_per_node!r}")
+        if jobs_per_node != 1 and not self.restarts_at_once:
+            raise ValueError(f"{type(self).__name__} keeps one job per worker (jobs_per_node=1)")
+        if not 0.0 <= fraction_evaluate <= 1.0:
+            raise ValueError(f"fraction_evaluate must be in [0, 1], got {fraction_evaluate!r}")
+        if max_consecutive_rejections is not None and max_consecutive_rejections < 1:
+            raise ValueError("max_consecutive_rejections must be at least 1")
         self.lr = float(lr)
+        self.reply = reply
+        self.jobs_per_node = jobs_per_node
+        self.fraction_evaluate = float(fraction_evaluate)
+        self.weighted_by_key = weighted_by_key
+        self.arrayrecord_key = arrayrecord_key
+        self.configrecord_key = configrecord_key
+        self.max_consecutive_rejections = max_consecutive_rejections
         self.manager: AsyncClientManager | None = None
+        self.layout: ModelLayout | None = None
         self.x: np.ndarray = np.zeros(0, np.float32)
+        self.carried: dict[str, np.ndarray] = {}
         self._scratch: np.ndarray = self.x
         self.history: list[dict[str, Any]] = []
-        self.jobs_per_node = 1  # jobs kept in flight per worker (ASGD family; wall clock)
+        self.wall_seconds = 0.0
         self.on_event: Callable[[Completion, np.ndarray], None] | None = None
         #: Batched runs (``set_replicas``): α of every replica; the strategy then runs with lr = 1
         #: and each replica's step is the unit step times its α (every stepsize rule is linear in α).
@@ -95,11 +208,13 @@ class AsyncStrategy(Strategy):
         self.lr = 1.0
 
     # ---------------------------------------------------------------- hooks for subclasses
-    def on_start(self) -> None:  # pragma: no cover - abstract in spirit
-        raise NotImplementedError
+    @abstractmethod
+    def on_start(self) -> None:
+        """Send the first jobs (the manager is connected and the model is ``self.x``)."""
 
-    def on_completion(self, comp: Completion) -> None:  # pragma: no cover
-        raise NotImplementedError
+    @abstractmethod
+    def on_completion(self, comp: Completion) -> None:
+        """One accepted reply: ``comp.update`` is a direction g (a gradient or a pseudo-gradient)."""
 
     def on_rejected(self, comp: Completion) -> None:
         """A reply that must not touch the model: give the worker a fresh job on the current model
@@ -113,7 +228,7 @@ class AsyncStrategy(Strategy):
         self.submit(worker)
 
     def job_config(self) -> dict | None:
-        """Extra config every job of this strategy carries (e.g. local-training mode); default none."""
+        """Extra config every job of this strategy carries; default none."""
         return None
 
     def stored_vectors(self) -> int:
@@ -121,7 +236,7 @@ class AsyncStrategy(Strategy):
         return 0
 
     def describe(self) -> dict[str, Any]:
-        return {"strategy": self.name, "lr": self.lr}
+        return {"strategy": self.name, "lr": self.lr, "reply": self.reply}
 
     # ---------------------------------------------------------------- helpers
     @property
@@ -132,7 +247,12 @@ class AsyncStrategy(Strategy):
     def submit(self, worker: int) -> None:
         """Send ``worker`` a job on the current model (with this strategy's ``job_config``)."""
         assert self.manager is not None
-        self.manager.submit(worker, self.x, self.manager.version, self.job_config())
+        self.manager.submit(worker, self.x, self.manager.version, self.job_config(), self.carried)
+
+    def start_jobs(self, worker: int) -> None:
+        """``jobs_per_node`` jobs on the current model for ``worker`` (methods that restart at once)."""
+        for _ in range(self.jobs_per_node):
+            self.submit(worker)
 
     def vanilla_gamma(self) -> float:
         """Vanilla ASGD's step α · τ_H / (n · τ_max) over the current τ estimates (known ones on
@@ -168,105 +288,265 @@ class AsyncStrategy(Strategy):
         raise NotImplementedError(f"{type(self).__name__} is asynchronous: call start(), not rounds")
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
-        raise NotImplementedError(f"{type(self).__name__} evaluates centrally via evaluate_fn")
+        raise NotImplementedError(f"{type(self).__name__} is asynchronous: call start(), not rounds")
 
     def aggregate_evaluate(self, server_round: int, replies: list[Message]):
-        raise NotImplementedError(f"{type(self).__name__} evaluates centrally via evaluate_fn")
+        raise NotImplementedError(f"{type(self).__name__} is asynchronous: call start(), not rounds")
 
     def summary(self) -> None:
-        log.info("%s: %s", type(self).__name__, self.describe())
+        log.info("\t├──> %s", ", ".join(f"{k}={v}" for k, v in self.describe().items()))
+        log.info("\t└──> Keys in records: weighted by '%s', ArrayRecord '%s', ConfigRecord '%s'",
+                 self.weighted_by_key, self.arrayrecord_key, self.configrecord_key)
 
     # ---------------------------------------------------------------- the loop
-    def start(  # pylint: disable=too-many-arguments,too-many-locals
+    def start(  # pylint: disable=too-many-arguments,too-many-locals,too-many-statements
         self,
         grid: Grid,
         initial_arrays: ArrayRecord,
-        time_budget: float = 1000.0,
+        num_updates: int | None = None,
         timeout: float = 3600.0,
         train_config: ConfigRecord | dict | None = None,
-        evaluate_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | dict | None = None,
         evaluate_fn: EvaluateFn | None = None,
         *,
+        time_budget: float | None = None,
         clock: VirtualClock | WallClock | None = None,
         taus: list[float] | None = None,
         eval_every: float | None = None,
+        num_evaluations: int = 10,
         num_workers: int | None = None,
+        partition_query: bool | None = None,
         progress: bool = False,
         manager_options: dict[str, Any] | None = None,
-    ) -> Result:
-        """Run the asynchronous loop until ``time_budget`` (virtual time units, or wall seconds
-        divided by the wall clock's time unit) and return Flower's ``Result``.
+    ) -> AsyncResult:
+        """Run the asynchronous loop until a budget is spent; return Flower's ``Result``.
 
-        ``clock``: a ``VirtualClock`` (simulation) or ``WallClock`` (deployment); by default a
-        virtual clock with fixed compute times ``taus`` (one per node, default all 1).
-        ``evaluate_fn(step, arrays)``: central evaluation, called at times 0, eval_every, ...
-        and at the budget; its metrics are stored with the time and the books of the run.
-        ``manager_options``: extra keyword arguments of ``AsyncClientManager`` (e.g.
-        ``tau_estimator``, ``worker_config``).
+        Parameters
+        ----------
+        grid : Grid
+            The Grid of the ServerApp (Flower's, or ``fl_rescaled.InProcessGrid``).
+        initial_arrays : ArrayRecord
+            The initial model, in the layout every job carries and every reply must have
+            (``ArrayRecord(model.state_dict())``, say).
+        num_updates : int, optional
+            Stop after this many server updates (FedAvg's ``num_rounds`` becomes this or
+            ``time_budget``; at least one of the two is required).
+        timeout : float (default: 3600)
+            Seconds a job (and an evaluation) may take before it counts as lost: every message's TTL.
+        train_config, evaluate_config : ConfigRecord, optional
+            Sent with every training job (with the job's tags added, see ``fl_rescaled.messages``)
+            and with every federated evaluation.
+        evaluate_fn : callable, optional
+            Central evaluation ``evaluate_fn(step, arrays) -> MetricRecord | None``, called at the
+            start (step 0), at every evaluation point and at the end.
+        time_budget : float, optional
+            Stop when the clock reaches this time: virtual time units, or on the wall clock
+            seconds / ``time_unit`` counted from the first job sent.
+        clock : VirtualClock or WallClock, optional
+            Default: on ``InProcessGrid`` a virtual clock with each node's ``tau`` from its node
+            config (1 if unset); on Flower's runtimes the wall clock, with τ_i estimated online.
+        taus : list of float, optional
+            Per-partition compute times for the default virtual clock (needs the partition query).
+        eval_every : float, optional
+            Evaluation period in time units. Default: ``num_evaluations`` points over the budget
+            (over ``time_budget`` when given, else every ``num_updates / num_evaluations`` updates).
+        num_evaluations : int (default: 10)
+            Evaluation points after the start when ``eval_every`` is not given.
+        num_workers : int, optional
+            Use the first ``num_workers`` workers only (default: every node).
+        partition_query : bool, optional
+            Number the workers by ``partition-id`` (``fl_rescaled.add_partition_query`` in the
+            ClientApp). Default: only when a per-partition setting (``taus``, a strategy's
+            ``weights``, a per-worker job config) needs it; else the workers are the nodes in
+            node-id order.
+        progress : bool (default: False)
+            A progress bar on stderr.
+        manager_options : dict, optional
+            Extra keyword arguments of ``AsyncClientManager`` (``tau_estimator``, ``worker_config``).
+
+        Returns
+        -------
+        AsyncResult
+            Flower's ``Result`` (final arrays in the initial layout, metrics keyed by evaluation
+            number) plus the run's ``books``.
+
+        Raises
+        ------
+        RunFailed
+            When the run cannot make progress; the message names the first rejection's reason
+            (for a ClientApp that raised: its own exception text).
         """
-        del evaluate_config
-        if not time_budget > 0:
-            raise ValueError("time_budget must be positive")
+        if time_budget is None and num_updates is None:
+            raise ValueError("give a budget: num_updates (server updates) and/or time_budget (time units)")
+        if time_budget is not None and not (time_budget > 0 and math.isfinite(time_budget)):
+            raise ValueError(f"time_budget must be positive and finite, got {time_budget!r}")
+        if num_updates is not None and (isinstance(num_updates, bool) or int(num_updates) != num_updates
+                                        or num_updates < 1):
+            raise ValueError(f"num_updates must be a positive integer, got {num_updates!r}")
+        if eval_every is not None and not eval_every > 0:
+            raise ValueError("eval_every must be positive")
+        if num_evaluations < 1:
+            raise ValueError("num_evaluations must be at least 1")
+        budget = float(time_budget) if time_budget is not None else math.inf
+        max_updates = int(num_updates) if num_updates is not None else None
+        options = dict(manager_options or {})
+        per_partition = taus is not None or getattr(self, "weights", None) is not None or "worker_config" in options
+        if partition_query is None:
+            partition_query = per_partition
+        elif per_partition and not partition_query:
+            raise ValueError("per-partition settings (taus, weights, worker_config) need partition_query=True")
+        cfg = dict(train_config.items()) if train_config is not None else {}
+        self.layout, self.x, self.carried = ModelLayout.of(initial_arrays)
+        log.info("Starting %s strategy:", type(self).__name__)
+        log.info("\t├── Model: %d arrays, %d trained values (%s)", len(self.layout.entries),
+                 self.layout.flat_size, self.layout.flat_dtype)
+        log.info("\t├── Budget: %s", " and ".join(
+            ([f"{budget:g} time units"] if time_budget is not None else [])
+            + ([f"{max_updates} updates"] if max_updates is not None else [])))
+        self.summary()
         if clock is None:
-            if taus is None:
-                nodes = list(grid.get_node_ids())
-                taus = [1.0] * max(len(nodes), num_workers or 0, 1)
-            clock = VirtualClock(DelayModel(taus, "fixed"))
+            clock = self._default_clock(grid, taus, num_workers, partition_query)
+        elif taus is not None:
+            raise ValueError("give either clock or taus, not both")
         if clock.virtual and num_workers is None:
             num_workers = clock.delays.num_workers
-        cfg = dict(train_config.items()) if train_config is not None else {}
-        self.manager = AsyncClientManager(grid, clock, train_config=cfg, ttl=timeout, **(manager_options or {}))
-        self.manager.connect(num_workers)
-        self.x, layout = flatten_arrays(initial_arrays)
+        self.manager = AsyncClientManager(grid, clock, layout=self.layout, reply=self.reply,
+                                          arrayrecord_key=self.arrayrecord_key,
+                                          configrecord_key=self.configrecord_key, train_config=cfg,
+                                          ttl=timeout, **options)
+        manager = self.manager
+        manager.connect(num_workers, timeout=min(timeout, 300.0), partition_query=partition_query)
+        if not partition_query and manager.num_workers > 1:
+            log.warning("workers are numbered by node id (%d nodes); a ClientApp with "
+                        "fl_rescaled.add_partition_query numbers them by partition-id", manager.num_workers)
+        if clock.virtual and clock.delays.num_workers < manager.num_workers:
+            raise ValueError(f"the clock knows {clock.delays.num_workers} workers, the grid has {manager.num_workers}")
         if self.replica_lrs is not None:
             if self.x.size % len(self.replica_lrs):
                 raise ValueError("the initial model is not R replicas end to end")
-            self.manager.replicas = len(self.replica_lrs)
+            manager.replicas = len(self.replica_lrs)
             self.replica_lrs = self._replica_alphas.copy()  # a rerun starts with no frozen replica
             self.frozen_replicas = {}
+        limit = self.max_consecutive_rejections or max(20, 2 * manager.num_workers)
+
         self.history = []
-        eval_every = float(eval_every) if eval_every else time_budget / 200.0
-        result = Result()
-        bar = ProgressBar(time_budget, enabled=progress, label=self.name)
-        wall0 = time.perf_counter()
-        client_losses: list[float] = []
+        if eval_every is not None:
+            period, update_period = float(eval_every), None
+        elif time_budget is not None:
+            period, update_period = budget / num_evaluations, None
+        else:
+            period, update_period = math.inf, max(1, math.ceil(max_updates / num_evaluations))
+        result = AsyncResult()
+        window = MetricWindow(self.weighted_by_key)
+        bar = ProgressBar(budget if time_budget is not None else float(max_updates), enabled=progress,
+                          label=self.name)
+        fed_eval = _FederatedEvaluation(self, grid, evaluate_config, timeout)
+        answered = [False] * manager.num_workers
+        consecutive = 0
         step, next_eval = 0, 0.0
-        self.summary()
+        next_eval_updates = update_period or 0
+        wall0 = time.perf_counter()
+        if not clock.virtual:
+            clock.restart()  # the wall-clock budget counts from the first job sent
         self.on_start()
-        manager = self.manager
+
+        def evaluate(t: float) -> None:
+            nonlocal step, next_eval, next_eval_updates
+            row = self._evaluate(step, t, evaluate_fn, result, window, fed_eval)
+            bar.update(t if time_budget is not None else manager.version, row)
+            window.clear()
+            step += 1
+            next_eval = step * period
+            if update_period is not None:
+                next_eval_updates = manager.version + update_period
+
         while True:
-            comp = manager.next_completion(time_budget)
+            comp = manager.next_completion(budget)
             if comp is None and manager.joined:
                 for worker in manager.pop_joined():
                     self.on_worker_joined(worker)
                 continue
-            t = comp.time if comp is not None else time_budget
+            t = comp.time if comp is not None else (budget if math.isfinite(budget) else clock.now)
             # Evaluation points strictly before this event see the model as it was; an event at
             # exactly an evaluation time is applied first (the model "at time t" includes it).
-            while next_eval < t - 1e-12 or (comp is None and next_eval <= time_budget + 1e-12):
-                row = self._evaluate(step, next_eval, evaluate_fn, layout, result, client_losses)
-                bar.update(next_eval, row)
-                client_losses = []
-                step += 1
-                next_eval = step * eval_every
+            while next_eval < t - 1e-12 or (comp is None and next_eval <= budget * (1 + 1e-12)):
+                evaluate(next_eval)
             if comp is None:
+                if math.isinf(budget):
+                    raise RunFailed("no job is in flight and no update budget is left to reach: the run "
+                                    f"stopped after {manager.version} of {max_updates} updates", self._books())
                 break
             if comp.ok:
+                consecutive = 0
+                answered[comp.worker] = True
                 if "nonfinite-replicas" in comp.metrics:
                     self._freeze(comp.metrics["nonfinite-replicas"], t)
-                if "loss" in comp.metrics:
-                    client_losses.append(float(comp.metrics["loss"]))
+                window.add(comp.metrics)
+                if comp.carried and self.reply == "model":
+                    self.carried.update(comp.carried)
                 self.on_completion(comp)
             else:
+                if comp.rejected not in NODE_GONE:
+                    consecutive += 1
+                    answered[comp.worker] = True
                 self.on_rejected(comp)
             if self.on_event is not None:
                 self.on_event(comp, self.x)
-        if not self.history or self.history[-1]["time"] < time_budget - 1e-9:
-            self._evaluate(step, time_budget, evaluate_fn, layout, result, client_losses)
+            if manager.accepted == 0 and all(answered):
+                raise RunFailed(self._failure("no reply could be used: every worker answered and all "
+                                              f"{sum(manager.rejections.values())} replies were rejected"),
+                                self._books())
+            if consecutive >= limit:
+                raise RunFailed(self._failure(f"{consecutive} replies in a row were rejected"), self._books())
+            if update_period is not None and manager.version >= next_eval_updates:
+                evaluate(comp.time)
+            if max_updates is not None and manager.version >= max_updates:
+                break
+        t_end = t if comp is None else comp.time  # the budget, or the time of the last update
+        last = self.history[-1] if self.history else None
+        if last is None or last["time"] < t_end - 1e-9 * max(1.0, abs(t_end)) or last["updates"] != manager.version:
+            evaluate(t_end)
         bar.close()
         self.wall_seconds = time.perf_counter() - wall0
-        result.arrays = unflatten_arrays(self.x, layout)
+        result.arrays = self.layout.to_record(self.x, self.carried)
+        result.books = MetricRecord(self._books())
+        log.info("")
+        log.info("Strategy execution finished in %.2fs", self.wall_seconds)
+        for line in io.StringIO(str(result)):
+            log.info("\t%s", line.rstrip("\n"))
         return result
+
+    def _default_clock(self, grid: Grid, taus: list[float] | None, num_workers: int | None,
+                       partition_query: bool) -> VirtualClock | WallClock:
+        """A virtual clock on an in-process Grid, else (Flower's runtimes) the wall clock."""
+        if getattr(grid, "virtual_time", False):
+            if taus is None:
+                nodes = sorted(int(n) for n in grid.get_node_ids())
+                if partition_query:  # the worker order is the partition order
+                    nodes.sort(key=lambda n: int(grid.node_config(n).get("partition-id", 0)))
+                taus = [float(grid.node_config(n).get("tau", 1.0)) for n in nodes]
+                if num_workers is not None:
+                    taus = taus[:num_workers]
+                if len(set(taus)) == 1 and len(taus) > 1:
+                    log.warning("every node's compute time τ is %g (set 'tau' in the node configs or pass "
+                                "taus): time-proportional stepsizes change nothing", taus[0])
+            return VirtualClock(DelayModel(taus, "fixed"))
+        if taus is not None:
+            raise ValueError("taus define a virtual clock; this Grid runs on the wall clock (pass clock=...)")
+        return WallClock()
+
+    def _failure(self, what: str) -> str:
+        assert self.manager is not None
+        first = self.manager.first_rejection
+        if first is None:
+            return f"the run cannot make progress: {what}"
+        reason, detail = first
+        text = client_error_text(detail) if reason.startswith("error-code") else detail
+        return f"the run cannot make progress: {what}. The first rejection ({reason}): {text}"
+
+    def _books(self) -> dict[str, int | float]:
+        assert self.manager is not None
+        return self.manager.books_summary()
 
     def _freeze(self, replicas: list[int], t: float) -> None:
         """A replica whose gradient went non-finite has diverged: its model stops moving (α_r = 0)
@@ -278,47 +558,110 @@ class AsyncStrategy(Strategy):
                 self.replica_lrs[int(r)] = 0.0
                 log.warning("replica %d: non-finite gradient at t=%g; replica frozen (diverged)", r, t)
 
-    def _evaluate(self, step, t, evaluate_fn, layout, result, client_losses) -> dict[str, Any]:
+    def _evaluate(self, step: int, t: float, evaluate_fn: EvaluateFn | None, result: AsyncResult,
+                  window: MetricWindow, fed_eval: _FederatedEvaluation) -> dict[str, Any]:
         manager = self.manager
-        assert manager is not None
+        assert manager is not None and self.layout is not None
         row: dict[str, Any] = {"time": float(t)}
         row.update(manager.summary(t))
         row["stored_vectors"] = self.stored_vectors()
+        stamp = {"time": float(t), "updates": manager.version}
+        arrays = None
         if evaluate_fn is not None:
-            res = evaluate_fn(step, unflatten_arrays(self.x, layout))
+            arrays = self.layout.to_record(self.x, self.carried)
+            res = evaluate_fn(step, arrays)
             if res is not None:
                 row.update(dict(res))
                 rec = MetricRecord(dict(res))
-                rec["time"] = float(t)
-                rec["updates"] = manager.version
-                rec["cumulative-stepsize"] = manager.stepsize_sum
+                rec.update({**stamp, "cumulative-stepsize": manager.stepsize_sum})
                 result.evaluate_metrics_serverapp[step] = rec
-        if client_losses:
-            result.train_metrics_clientapp[step] = MetricRecord(
-                {"loss": float(np.mean(client_losses)), "jobs": len(client_losses), "time": float(t)}
-            )
+        train = window.record()
+        if train:
+            row["train_metrics"] = train
+            result.train_metrics_clientapp[step] = MetricRecord({**train, "replies": window.replies, **stamp})
+        fed = fed_eval.run(step, arrays)
+        if fed is not None:
+            row["evaluate_metrics"] = fed
+            result.evaluate_metrics_clientapp[step] = MetricRecord({**fed, **stamp})
         self.history.append(row)
+        server = result.evaluate_metrics_serverapp.get(step)
+        log.info("[t=%g | %d updates] train: %s%s%s", t, manager.version, _fmt(train),
+                 f" | server eval: {_fmt({k: v for k, v in server.items() if k not in stamp})}" if server else "",
+                 f" | federated eval: {_fmt(fed)}" if fed is not None else "")
         return row
+
+
+def _fmt(metrics: dict[str, Any] | None) -> str:
+    if not metrics:
+        return "-"
+    return "{" + ", ".join(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}" for k, v in metrics.items()) + "}"
+
+
+class _FederatedEvaluation:
+    """Sends the global model to a fraction of the nodes' ``@app.evaluate`` and averages their metrics."""
+
+    def __init__(self, strategy: AsyncStrategy, grid: Grid, config: ConfigRecord | dict | None, timeout: float) -> None:
+        self.strategy = strategy
+        self.grid = grid
+        self.config = dict(config.items()) if config is not None else {}
+        self.timeout = timeout
+        self.failed_once = False
+
+    def run(self, step: int, arrays: ArrayRecord | None) -> dict[str, float] | None:
+        s = self.strategy
+        if s.fraction_evaluate <= 0:
+            return None
+        manager = s.manager
+        assert manager is not None and s.layout is not None
+        nodes = [b.node_id for b in manager.books if b.online]
+        if not nodes:
+            return None
+        k = max(1, int(round(len(nodes) * s.fraction_evaluate)))
+        chosen = sorted(random.Random(step).sample(nodes, k)) if k < len(nodes) else nodes
+        if arrays is None:
+            arrays = s.layout.to_record(s.x, s.carried)
+        cfg = ConfigRecord({**self.config, "server-round": step})
+        msgs = [Message(RecordDict({s.arrayrecord_key: arrays, s.configrecord_key: cfg}), n, EVALUATE_TYPE,
+                        ttl=self.timeout) for n in chosen]
+        ids = set(self.grid.push_messages(msgs))
+        window = MetricWindow(s.weighted_by_key)
+        errors: list[str] = []
+        deadline = time.monotonic() + self.timeout
+        while ids and time.monotonic() < deadline:
+            got = list(self.grid.pull_messages(list(ids)))
+            for rep in got:
+                ids.discard(rep.metadata.reply_to_message_id)
+                if rep.has_error():
+                    errors.append(client_error_text(rep.error.reason))
+                elif rep.has_content():
+                    window.add(reply_metrics(rep.content))
+            if ids and not got:
+                time.sleep(0.01)
+        if errors and not self.failed_once:
+            self.failed_once = True
+            log.warning("federated evaluation: %d of %d nodes failed (%s); set fraction_evaluate=0 if the "
+                        "ClientApp has no @app.evaluate", len(errors), len(chosen), errors[0])
+        return window.record() if window.replies else None
 
 
 class ASGD(AsyncStrategy):
     """Plain asynchronous SGD (the paper's Algorithm 1) with a pluggable stepsize rule.
 
-    Every worker starts on the initial model; each gradient is applied the moment it is taken
+    Every worker starts on the initial model; each reply is applied the moment it arrives
     (x ← x − γ g, k += 1) and the new model goes straight back to the worker that sent it.
-    No buffer, no table, nobody waits.
+    No buffer, no table, nobody waits. Parameters: those of ``AsyncStrategy``.
     """
 
-    def stepsize(self, comp: Completion) -> float:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abstractmethod
+    def stepsize(self, comp: Completion) -> float:
+        """γ for this completion."""
 
     def on_start(self) -> None:
         for worker in range(self.n):
             self.on_worker_joined(worker)
 
     def on_worker_joined(self, worker: int) -> None:
-        for _ in range(self.jobs_per_node):
-            self.submit(worker)
+        self.start_jobs(worker)
 
     def on_completion(self, comp: Completion) -> None:
         assert comp.update is not None

@@ -1,10 +1,4 @@
-"""Concurrent ASGD (Koloskova, Stich & Jaggi, 2022, Alg. 2): random re-assignment with queues.
-
-τ_C jobs are in flight (all n workers at the start). Each arrival is applied at once with a
-constant step η = α · τ_H / (n · τ_max) (Vanilla's), and the new model is queued on a worker drawn
-uniformly at random, whether or not it is busy; a worker serves its queue first-in first-out and
-idles when the queue is empty. The draws come from a generator seeded by the run seed.
-"""
+"""Concurrent ASGD (Koloskova, Stich & Jaggi, 2022, Alg. 2): random re-assignment with queues."""
 
 from __future__ import annotations
 
@@ -16,12 +10,33 @@ from .base import AsyncStrategy
 
 
 class ConcurrentASGD(AsyncStrategy):
-    name = "concurrent"
+    """Concurrent ASGD: each new model goes to a worker drawn at random, busy or not.
 
-    def __init__(self, lr: float, seed: int = 0, concurrency: int | None = None) -> None:
-        super().__init__(lr)
+    τ_C jobs are in flight (all n workers at the start). Each arrival is applied at once with a
+    constant step η = α · τ_H / (n · τ_max) (Vanilla's), and the new model is queued on a worker drawn
+    uniformly at random, whether or not it is busy; a worker serves its queue first-in first-out and
+    idles when the queue is empty. The draws come from a generator seeded by the run seed.
+
+    Parameters
+    ----------
+    seed : int (default: 0)
+        Seeds the random worker draws.
+    concurrency : int, optional (default: n)
+        τ_C, the number of jobs in flight (1 ≤ τ_C ≤ n).
+    lr, reply, fraction_evaluate, weighted_by_key, arrayrecord_key, configrecord_key, max_consecutive_rejections
+        As in ``AsyncStrategy``.
+    """
+
+    name = "concurrent"
+    restarts_at_once = False
+
+    def __init__(self, *, seed: int = 0, concurrency: int | None = None, **kwargs) -> None:
+        super().__init__(**kwargs)
+        if concurrency is not None and (isinstance(concurrency, bool) or int(concurrency) != concurrency
+                                        or concurrency < 1):
+            raise ValueError(f"concurrency must be a positive integer, got {concurrency!r}")
         self.seed = int(seed)
-        self.concurrency = concurrency
+        self.concurrency = None if concurrency is None else int(concurrency)
 
     def describe(self) -> dict:
         return {**super().describe(), "seed": self.seed, "concurrency": self.concurrency}

@@ -1,9 +1,4 @@
-"""Delay-Adaptive ASGD (Mishchenko et al. 2022): plain ASGD whose step shrinks with the delay.
-
-δ = k − v is the number of server updates since the gradient's model was sent. Default rule
-(the seed paper's analysis): γ / (1 + δ); ``rule="authors"`` uses the authors' code instead:
-γ · n / max(n, δ). The base γ is Vanilla's α · τ_H / (n · τ_max).
-"""
+"""Delay-Adaptive ASGD (Mishchenko et al. 2022): plain ASGD whose step shrinks with the delay."""
 
 from __future__ import annotations
 
@@ -14,10 +9,24 @@ from .base import ASGD
 
 
 class DelayAdaptiveASGD(ASGD):
+    """Plain ASGD with a step that shrinks with the delay δ = k − v of each reply.
+
+    δ is the number of server updates since the reply's model was sent. The base step γ is
+    Vanilla's α · τ_H / (n · τ_max).
+
+    Parameters
+    ----------
+    rule : str (default: "inverse")
+        ``"inverse"`` (the seed paper's analysis): γ / (1 + δ). ``"authors"`` (Mishchenko et al.'s
+        code): γ · n / max(n, δ).
+    lr, reply, jobs_per_node, fraction_evaluate, weighted_by_key, arrayrecord_key, configrecord_key, max_consecutive_rejections
+        As in ``AsyncStrategy``.
+    """
+
     name = "delay-adaptive"
 
-    def __init__(self, lr: float, rule: str = "inverse") -> None:
-        super().__init__(lr)
+    def __init__(self, *, rule: str = "inverse", **kwargs) -> None:
+        super().__init__(**kwargs)
         if rule not in DELAY_RULES:
             raise ValueError(f"unknown delay rule {rule!r}; choose one of {DELAY_RULES}")
         self.rule = rule

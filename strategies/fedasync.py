@@ -1,15 +1,4 @@
-"""FedAsync (Xie, Koyejo & Gupta, 2019): asynchronous mixing of locally trained models.
-
-A client trains H local SGD steps from the model x_τ it received, on F_i(y) + (ρ/2)‖y − x_τ‖²,
-and returns the delta Δ = x_τ − y_H. The server mixes the new model in with a staleness-discounted
-weight, α_t = mixing · s(t − τ):  x_t = (1 − α_t) x_{t−1} + α_t (x_τ − Δ), then sends x_t back to
-that client. Staleness functions s: constant, polynomial (t − τ + 1)^(−a), hinge (1 if t − τ ≤ b,
-else 1/(a(t − τ − b) + 1)).
-
-α convention: the local learning rate is η = γ_V / (mixing · H) with γ_V = α · τ_H / (n · τ_max)
-(Vanilla's step), so with s ≡ 1 the gradient part of every update moves the model as much as a
-Vanilla ASGD step. The booked stepsize of an update is α_t · η · H.
-"""
+"""FedAsync (Xie, Koyejo & Gupta, 2019): asynchronous mixing of locally trained models."""
 
 from __future__ import annotations
 
@@ -21,7 +10,8 @@ STALENESS = ("constant", "polynomial", "hinge")
 
 
 def staleness_weight(kind: str, staleness: int, a: float = 0.5, b: int = 4) -> float:
-    """s(t − τ) of FedAsync."""
+    """s(t − τ) of FedAsync: ``constant`` 1, ``polynomial`` (t − τ + 1)^(−a), ``hinge`` 1 if
+    t − τ ≤ b else 1 / (a (t − τ − b) + 1)."""
     if staleness < 0:
         raise ValueError("staleness must be non-negative")
     if kind == "constant":
@@ -34,38 +24,58 @@ def staleness_weight(kind: str, staleness: int, a: float = 0.5, b: int = 4) -> f
 
 
 class FedAsync(AsyncStrategy):
-    name = "fedasync"
+    """FedAsync: every returned model is mixed into the global one at once.
 
-    def __init__(self, lr: float, mixing: float = 0.6, local_steps: int = 1, prox: float = 0.0,
-                 staleness: str = "polynomial", a: float = 0.5, b: int = 4) -> None:
-        super().__init__(lr)
+    A client trains from the model x_τ it received and returns y (what a FedAvg ClientApp does).
+    The server mixes it in with a staleness-discounted weight α_t = mixing · s(t − τ), where t − τ
+    is the number of server updates since x_τ was sent: x_t = (1 − α_t) x_{t−1} + α_t y, and sends
+    x_t back to that client. Fast clients mix in more often, so the model leans toward their data
+    (the frequency-weighted objective, as plain ASGD).
+
+    Parameters
+    ----------
+    mixing : float (default: 0.6)
+        α, the mixing weight of a fresh model (0 < α ≤ 1).
+    staleness : str (default: "polynomial")
+        The discount s: ``"constant"`` (1), ``"polynomial"`` ((t − τ + 1)^(−a)) or ``"hinge"``
+        (1 when t − τ ≤ b, else 1 / (a (t − τ − b) + 1)).
+    a : float (default: 0.5)
+        Exponent (polynomial) or slope (hinge) of the discount.
+    b : int (default: 4)
+        Staleness the hinge discount tolerates.
+    reply : str (default: "model")
+        As in ``AsyncStrategy``. With ``"gradient"`` the reply is taken as the client's update
+        Δ = x_τ − y itself.
+    jobs_per_node, fraction_evaluate, weighted_by_key, arrayrecord_key, configrecord_key, max_consecutive_rejections
+        As in ``AsyncStrategy``. ``lr`` is not used: the clients' own learning rate sets the size of
+        their updates (send it in ``train_config``).
+    """
+
+    name = "fedasync"
+    default_reply = "model"
+
+    def __init__(self, *, mixing: float = 0.6, staleness: str = "polynomial", a: float = 0.5, b: int = 4,
+                 **kwargs) -> None:
+        super().__init__(**kwargs)
         if not 0 < mixing <= 1:
-            raise ValueError("mixing must be in (0, 1]")
-        if local_steps < 1:
-            raise ValueError("local_steps must be at least 1")
+            raise ValueError(f"mixing must be in (0, 1], got {mixing!r}")
         staleness_weight(staleness, 0, a, b)  # validates the name
-        self.mixing, self.local_steps, self.prox = float(mixing), int(local_steps), float(prox)
+        if not a > 0 or b < 0:
+            raise ValueError("a must be positive and b non-negative")
+        self.mixing = float(mixing)
         self.staleness, self.a, self.b = staleness, float(a), int(b)
 
     def describe(self) -> dict:
-        return {**super().describe(), "mixing": self.mixing, "local_steps": self.local_steps, "prox": self.prox,
-                "staleness": self.staleness, "a": self.a, "b": self.b}
-
-    def local_lr(self) -> float:
-        return self.vanilla_gamma() / (self.mixing * self.local_steps)
-
-    def job_config(self) -> dict:
-        return {"mode": "local", "local-steps": self.local_steps, "local-lr": self.local_lr(), "prox": self.prox}
+        return {**super().describe(), "mixing": self.mixing, "staleness": self.staleness, "a": self.a, "b": self.b}
 
     def on_start(self) -> None:
         for worker in range(self.n):
-            self.submit(worker)
+            self.start_jobs(worker)
 
     def on_completion(self, comp: Completion) -> None:
         assert comp.update is not None and self.manager is not None
         alpha_t = self.mixing * staleness_weight(self.staleness, comp.delay, self.a, self.b)
         x_tau = self.manager.model_of(comp.job)
-        # x ← (1 − α_t) x + α_t (x_τ − Δ)  ==  x − α_t · (x − x_τ + Δ)
-        self.apply(comp.worker, (self.x - x_tau) + comp.update, alpha_t,
-                   booked=alpha_t * self.local_lr() * self.local_steps)
+        # x ← (1 − α_t) x + α_t y  ==  x − α_t · (x − x_τ + Δ), with Δ = x_τ − y the update
+        self.apply(comp.worker, (self.x - x_tau) + comp.update, alpha_t)
         self.submit(comp.worker)

@@ -1,16 +1,4 @@
-"""Malenia SGD (Tyurin & Richtárik, 2023): synchronous rounds, asynchronous gathering.
-
-During round k every worker keeps computing gradients at the same x^k; the server sums them per
-worker (G_i, B_i). The round closes at the first arrival that makes the harmonic mean of the
-counts exceed S/n (by default: as soon as every worker has delivered at least one gradient). The
-step uses the equal-weight average of the per-worker means, (1/n) Σ G_i / B_i, which is unbiased
-for (1/n) Σ F_i; then every worker is restarted on x^{k+1} and the jobs still running are
-cancelled (their work is booked as discarded). One step of size α per round.
-
-On the wall clock a round waits only for the workers that are online: a worker whose node left
-is not waited for, the mean runs over the workers that delivered, and a worker that comes back
-gets a job on the current model and is waited for again.
-"""
+"""Malenia SGD (Tyurin & Richtárik, 2023): synchronous rounds, asynchronous gathering."""
 
 from __future__ import annotations
 
@@ -22,10 +10,35 @@ from .base import AsyncStrategy, average_of_means
 
 
 class MaleniaSGD(AsyncStrategy):
-    name = "malenia"
+    """Malenia SGD: rounds whose gradients are gathered asynchronously.
 
-    def __init__(self, lr: float, S: float | None = None) -> None:
-        super().__init__(lr)
+    During round k every worker keeps computing gradients at the same x^k; the server sums them per
+    worker (G_i, B_i). The round closes at the first arrival that makes the harmonic mean of the
+    counts exceed S/n (by default: as soon as every worker has delivered at least one gradient). The
+    step uses the equal-weight average of the per-worker means, (1/n) Σ G_i / B_i, which is unbiased
+    for (1/n) Σ F_i; then every worker is restarted on x^{k+1} and the jobs still running are
+    cancelled (their work is booked as discarded). One step of size α per round.
+
+    On the wall clock a round waits only for the workers that are online: a worker whose node left
+    is not waited for, the mean runs over the workers that delivered, and a worker that comes back
+    gets a job on the current model and is waited for again.
+
+    Parameters
+    ----------
+    S : float, optional (default: every worker delivers at least one gradient per round)
+        Close a round at the first arrival that makes the harmonic mean of the per-worker counts
+        exceed S / n (with S < n this is the default rule).
+    lr, reply, fraction_evaluate, weighted_by_key, arrayrecord_key, configrecord_key, max_consecutive_rejections
+        As in ``AsyncStrategy``; ``lr`` is the step of each round.
+    """
+
+    name = "malenia"
+    restarts_at_once = False
+
+    def __init__(self, *, S: float | None = None, **kwargs) -> None:
+        super().__init__(**kwargs)
+        if S is not None and not S > 0:
+            raise ValueError(f"S must be positive, got {S!r}")
         self.S = S  # None: the "every worker delivered ≥ 1 gradient" rule
         self.rounds = 0
 

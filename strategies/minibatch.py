@@ -1,12 +1,4 @@
-"""Naive Minibatch SGD: every worker computes one gradient per round, then waits.
-
-The server steps with the average of the n gradients once all have arrived and sends the new
-model to everybody; fast workers sit idle until the slowest one finishes (the idle time is
-booked by the client manager). One step of size α per round; memory: one running sum.
-
-On the wall clock a round waits only for the workers that are online (the mean runs over those
-that delivered); a worker that comes back gets a job on the current model and joins the round.
-"""
+"""Naive Minibatch SGD: every worker computes one gradient per round, then waits."""
 
 from __future__ import annotations
 
@@ -18,10 +10,26 @@ from .base import AsyncStrategy
 
 
 class MinibatchSGD(AsyncStrategy):
-    name = "minibatch"
+    """Naive Minibatch SGD: one gradient per worker per round, averaged.
 
-    def __init__(self, lr: float) -> None:
-        super().__init__(lr)
+    The server steps with the average of the n gradients once all have arrived and sends the new
+    model to everybody; fast workers sit idle until the slowest one finishes (the idle time is
+    booked by the client manager). One step of size α per round; memory: one running sum.
+
+    On the wall clock a round waits only for the workers that are online (the mean runs over those
+    that delivered); a worker that comes back gets a job on the current model and joins the round.
+
+    Parameters
+    ----------
+    lr, reply, fraction_evaluate, weighted_by_key, arrayrecord_key, configrecord_key, max_consecutive_rejections
+        As in ``AsyncStrategy``; ``lr`` is the step of each round.
+    """
+
+    name = "minibatch"
+    restarts_at_once = False
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
         self.rounds = 0
 
     def stored_vectors(self) -> int:

@@ -1,24 +1,4 @@
-"""Ringleader ASGD (Maranjyan & Richtárik, 2026): asynchronous, no idle worker, no wasted gradient.
-
-The server keeps a table of per-worker gradient sums G_i and counts b_i; all gradients in entry i
-were computed at the model worker i last received. Every update uses the equal-weight average of
-the per-worker means, (1/n) Σ G_l / b_l, with step α/n. Rounds have exactly n updates:
-
-- Phase 1 (gather): arrivals go into the table, the worker keeps its current model (it is sent
-  the same model again). The arrival that makes every b_i ≥ 1 triggers the first update of the
-  round and that worker alone gets the new model.
-- Phase 2: each of the other n − 1 workers, on its next arrival, adds its gradient, triggers one
-  update and gets the new model. Gradients from workers already served this round go into a
-  "next" table (G⁺, b⁺) and keep their model. When everyone has been served, the next table
-  becomes the table and phase 1 starts again.
-
-On the wall clock a worker whose node left is not waited for: phase 1 ends when every online
-worker is in the table, phase 2 serves the online workers, and the mean runs over the table's
-filled rows. A worker that comes back gets a job on the current model.
-
-Option ``restart_on_current=True`` follows the public simulation code instead: a worker that
-does not trigger an update restarts on the *current* server model.
-"""
+"""Ringleader ASGD (Maranjyan & Richtárik, 2026): asynchronous, no idle worker, no wasted gradient."""
 
 from __future__ import annotations
 
@@ -30,11 +10,39 @@ from .base import AsyncStrategy, average_of_means
 
 
 class RingleaderASGD(AsyncStrategy):
-    name = "ringleader"
+    """Ringleader ASGD: a gradient table, n updates per round, nobody idle.
 
-    def __init__(self, lr: float, restart_on_current: bool = False) -> None:
-        super().__init__(lr)
-        self.restart_on_current = restart_on_current
+    The server keeps a table of per-worker gradient sums G_i and counts b_i; all gradients in entry i
+    were computed at the model worker i last received. Every update uses the equal-weight average of
+    the per-worker means, (1/n) Σ G_l / b_l, with step α/n. Rounds have exactly n updates:
+
+    - Phase 1 (gather): arrivals go into the table, the worker keeps its current model (it is sent
+      the same model again). The arrival that makes every b_i ≥ 1 triggers the first update of the
+      round and that worker alone gets the new model.
+    - Phase 2: each of the other n − 1 workers, on its next arrival, adds its gradient, triggers one
+      update and gets the new model. Gradients from workers already served this round go into a
+      "next" table (G⁺, b⁺) and keep their model. When everyone has been served, the next table
+      becomes the table and phase 1 starts again.
+
+    On the wall clock a worker whose node left is not waited for: phase 1 ends when every online
+    worker is in the table, phase 2 serves the online workers, and the mean runs over the table's
+    filled rows. A worker that comes back gets a job on the current model.
+
+    Parameters
+    ----------
+    restart_on_current : bool (default: False)
+        Follow the public simulation code instead of the paper: a worker that does not trigger an
+        update restarts on the *current* server model.
+    lr, reply, fraction_evaluate, weighted_by_key, arrayrecord_key, configrecord_key, max_consecutive_rejections
+        As in ``AsyncStrategy``; each update's step is ``lr / n``.
+    """
+
+    name = "ringleader"
+    restarts_at_once = False
+
+    def __init__(self, *, restart_on_current: bool = False, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.restart_on_current = bool(restart_on_current)
         self.round_triggers: list[list[int]] = []  # who triggered each update, per round
 
     def describe(self) -> dict:

@@ -1,8 +1,4 @@
-"""Vanilla ASGD: plain ASGD with one stepsize for everybody, γ = α · τ_H / (n · τ_max).
-
-Fast workers deliver more often, so they pull harder: the method converges to the frequency-
-weighted objective Σ (τ_i⁻¹ / Σ_j τ_j⁻¹) F_i. (α/K per step under harmonic compute times.)
-"""
+"""Vanilla ASGD: plain ASGD with one stepsize for everybody."""
 
 from __future__ import annotations
 
@@ -12,6 +8,17 @@ from .base import ASGD
 
 
 class VanillaASGD(ASGD):
+    """Plain asynchronous SGD with one step γ = α · τ_H / (n · τ_max) for every worker.
+
+    Fast workers deliver more often, so they pull harder: the method converges to the frequency-
+    weighted objective Σ (τ_i⁻¹ / Σ_j τ_j⁻¹) F_i (α/K per step under harmonic compute times).
+
+    Parameters
+    ----------
+    lr, reply, jobs_per_node, fraction_evaluate, weighted_by_key, arrayrecord_key, configrecord_key, max_consecutive_rejections
+        As in ``AsyncStrategy``.
+    """
+
     name = "vanilla"
 
     def stepsize(self, comp: Completion) -> float:

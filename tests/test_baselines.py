@@ -67,18 +67,19 @@ def test_minibatch_idle_share():
 
 
 def test_ringleader_rounds_have_n_updates_one_per_worker():
-    from clients.client_app import app
+    from fl_rescaled.clients.client_app import app
     from flwr.app import Array, ArrayRecord
 
     from fl_rescaled import DelayModel, InProcessGrid, VirtualClock
     from fl_rescaled.tasks import task_spec
-    from strategies import RingleaderASGD
+    from fl_rescaled.strategies import RingleaderASGD
 
     n = 5
     cfg = {"task": "quadratic", "num-partitions": n, "quad-a": [1.0] * n, "quad-b": [float(i) for i in range(n)]}
-    s = RingleaderASGD(0.1)
+    s = RingleaderASGD(lr=0.1)
     s.start(InProcessGrid(app, n), ArrayRecord({"model": Array(np.zeros(1))}), time_budget=500,
-            train_config={"task": task_spec(cfg)}, clock=VirtualClock(DelayModel([1, 2, 3, 5, 8])))
+            train_config={"task": task_spec(cfg)}, clock=VirtualClock(DelayModel([1, 2, 3, 5, 8])),
+            partition_query=True)
     complete = s.round_triggers[:-1]
     assert len(complete) > 10
     for rnd in complete:
@@ -98,7 +99,7 @@ def test_fedbuff_q1_k1_matches_vanilla():
 
 
 def test_fedasync_converges_and_staleness_functions():
-    from strategies.fedasync import staleness_weight
+    from fl_rescaled.strategies.fedasync import staleness_weight
 
     assert staleness_weight("constant", 7) == 1.0
     assert staleness_weight("polynomial", 3, a=0.5) == pytest.approx(0.5)

@@ -148,3 +148,46 @@ def test_invalid_spec_fails_before_ray_starts():
 
     with pytest.raises(ValueError, match="unknown strategy"):
         run_on_flower(RunSpec(task="quadratic", strategy="nope"))
+
+
+def test_a_user_app_on_flowers_engine_gets_its_context_and_run_config():
+    """``run_on_flower_engine`` gives the ServerApp a Context and every ClientApp the run config
+    (Flower's ``run_simulation`` leaves both empty), and a drop-in strategy runs there on the wall
+    clock with time-proportional weights from online τ estimates."""
+    from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+    from flwr.clientapp import ClientApp
+    from flwr.serverapp import Grid, ServerApp
+
+    from fl_rescaled import FedBuff
+    from fl_rescaled.flower_sim import run_on_flower_engine
+
+    client = ClientApp()
+
+    @client.train()
+    def train(msg: Message, context: Context) -> Message:
+        w = msg.content["arrays"]["w"].numpy()
+        target = float(context.run_config["target"])  # from the run config, on every node
+        y = w - float(msg.content["config"]["lr"]) * 2 * (w - target)
+        return Message(RecordDict({"arrays": ArrayRecord({"w": Array(y)}),
+                                   "metrics": MetricRecord({"num-examples": 1})}), reply_to=msg)
+
+    server = ServerApp()
+    seen = {}
+
+    @server.main()
+    def main(grid: Grid, context: Context) -> None:
+        seen["run_config"] = dict(context.run_config)
+        strategy = FedBuff(buffer_size=2, fraction_evaluate=0.0)
+        result = strategy.start(grid=grid, initial_arrays=ArrayRecord({"w": Array(np.zeros(2))}),
+                                train_config={"lr": 0.25}, num_updates=int(context.run_config["updates"]))
+        seen["result"], seen["clock"] = result, strategy.manager.clock
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("flwr.supercore.telemetry.FLWR_TELEMETRY_ENABLED", "0")
+        run_on_flower_engine(server, client, 2, run_config={"target": 3.0, "updates": 4})
+    assert seen["run_config"] == {"target": 3.0, "updates": 4}
+    result = seen["result"]
+    assert result.books["updates"] == 4 and result.books["rejected"] == 0
+    assert not seen["clock"].virtual  # Flower's runtimes: the wall clock by default
+    w = result.arrays["w"].numpy()
+    assert np.all(w > 1.0) and np.all(w <= 3.0)

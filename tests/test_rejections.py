@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 
-from clients.client_app import app
 from fl_rescaled import DelayModel, InProcessGrid, RescaledASGD, VirtualClock
-from fl_rescaled.messages import encode_vector
+from fl_rescaled.clients.client_app import app
+from fl_rescaled.layout import encode_array
 from fl_rescaled.tasks import task_spec
 
 CFG = {"task": "quadratic", "num-partitions": 3, "quad-a": [1.0, 2.0, 1.0], "quad-b": [1.0, -2.0, 3.0],
@@ -18,11 +18,11 @@ CFG = {"task": "quadratic", "num-partitions": 3, "quad-a": [1.0, 2.0, 1.0], "qua
 BAD_JOB = 7  # the job whose reply gets corrupted
 
 
-def _with_update(msg: Message, update, metrics=None, drop_update=False) -> Message:
-    good = {"loss": 0.0, "batch-size": 1, "job-id": int(msg.content["config"]["job-id"]), "compute-time": 0.0}
+def _with_update(msg: Message, update, metrics=None, drop_update=False, key="model") -> Message:
+    good = {"loss": 0.0, "num-examples": 1, "compute-time": 0.0}
     content = RecordDict({"metrics": MetricRecord(metrics or good)})
     if not drop_update:
-        content["update"] = ArrayRecord({"update": update})
+        content["arrays"] = ArrayRecord({key: update})
     return Message(content, reply_to=msg)
 
 
@@ -30,6 +30,7 @@ class FaultyGrid(InProcessGrid):
     def __init__(self, fault: str | None) -> None:
         super().__init__(app, 3)
         self.fault = fault
+        self._requests: dict[str, Message] = {}
 
     def _execute(self, msg):
         reply = super()._execute(msg)
@@ -37,22 +38,21 @@ class FaultyGrid(InProcessGrid):
             return reply
         f = self.fault
         if f == "nan":
-            bad = _with_update(msg, encode_vector(np.full(4, np.nan)))
+            bad = _with_update(msg, encode_array(np.full(4, np.nan)))
         elif f == "inf":
-            bad = _with_update(msg, encode_vector(np.array([1.0, np.inf, 0.0, 0.0])))
+            bad = _with_update(msg, encode_array(np.array([1.0, np.inf, 0.0, 0.0])))
         elif f == "wrong-shape":
-            bad = _with_update(msg, encode_vector(np.ones(5)))
+            bad = _with_update(msg, encode_array(np.ones(5)))
         elif f == "wrong-dtype":
-            bad = _with_update(msg, encode_vector(np.ones(4, dtype=np.int64)))
+            bad = _with_update(msg, encode_array(np.ones(4, dtype=np.float32)))
         elif f == "missing":
             bad = _with_update(msg, None, drop_update=True)
+        elif f == "wrong-key":
+            bad = _with_update(msg, encode_array(np.ones(4)), key="weights")
         elif f == "not-npy":
             bad = _with_update(msg, Array(dtype="float64", shape=(4,), stype="numpy.ndarray", data=b"garbage"))
-        elif f == "unknown-job":
-            bad = _with_update(msg, encode_vector(np.ones(4)),
-                               metrics={"loss": 0.0, "job-id": 999999, "compute-time": 0.0})
         elif f == "error":
-            bad = Message(Error(code=2, reason="boom"), reply_to=msg)
+            bad = Message(Error(code=2, reason="<class 'RuntimeError'>:<'boom'>"), reply_to=msg)
         else:
             return reply
         bad.metadata.__dict__["_message_id"] = reply.metadata.message_id
@@ -67,15 +67,22 @@ class FaultyGrid(InProcessGrid):
             if self.fault == "duplicate" and job == BAD_JOB:
                 out.append(rep)
             if self.fault == "stray" and job == BAD_JOB:
-                stray = Message(RecordDict({"metrics": MetricRecord({"job-id": 424242})}), reply_to=self._stray_req())
+                stray = Message(RecordDict({"metrics": MetricRecord({"loss": 1.0})}), reply_to=self._stray_req())
                 out.append(stray)
         return out
 
     def _job_of(self, rep):
-        try:
-            return int(rep.content.metric_records["metrics"]["job-id"])
-        except Exception:  # noqa: BLE001
+        req = self._requests.get(rep.metadata.reply_to_message_id)
+        if req is None or req.metadata.message_type != "train":
             return -1
+        return int(req.content["config"]["job-id"])
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        ids = list(super().push_messages(messages))
+        for mid, msg in zip(ids, messages):
+            self._requests[mid] = msg
+        return ids
 
     def _stray_req(self):
         req = Message(RecordDict({"config": ConfigRecord({"x": 1})}), self.node_ids[0], "train")
@@ -91,21 +98,21 @@ def run_with(fault):
         events.append((comp.job.job_id, comp.rejected, prev["x"].copy(), x.copy(), comp.worker, comp.time))
         prev["x"] = x.copy()
 
-    s = RescaledASGD(0.05)
+    s = RescaledASGD(lr=0.05)
     s.on_event = on_event
     x0 = np.full(4, 0.5)
     prev["x"] = x0.copy()
     s.start(FaultyGrid(fault), ArrayRecord({"model": Array(x0)}), time_budget=12,
-            train_config={"task": task_spec(CFG)}, clock=VirtualClock(DelayModel([1, 2, 3])))
+            train_config={"task": task_spec(CFG)}, clock=VirtualClock(DelayModel([1, 2, 3])), partition_query=True)
     return s, events
 
 
-CONTENT_FAULTS = ["nan", "inf", "wrong-shape", "wrong-dtype", "missing", "not-npy", "unknown-job", "error"]
+CONTENT_FAULTS = ["nan", "inf", "wrong-shape", "wrong-dtype", "missing", "wrong-key", "not-npy", "error"]
 
 
 @pytest.mark.parametrize("fault", CONTENT_FAULTS)
 def test_bad_reply_leaves_model_bit_identical(fault, caplog):
-    caplog.set_level(logging.WARNING, logger="fl_rescaled")
+    caplog.set_level(logging.WARNING, logger="flwr.fl_rescaled")
     s, events = run_with(fault)
     bad = [e for e in events if e[0] == BAD_JOB]
     assert len(bad) == 1
@@ -131,9 +138,19 @@ def test_duplicate_and_stray_replies_change_nothing(fault):
     assert s.x.tobytes() == clean.x.tobytes()
 
 
-def test_reasons_are_specific():
-    expected = {"nan": "non-finite", "inf": "non-finite", "wrong-shape": "wrong-shape", "wrong-dtype": "wrong-dtype",
-                "missing": "malformed", "not-npy": "malformed", "unknown-job": "unknown-job", "error": "error-code-2"}
-    for fault, reason in expected.items():
-        s, _ = run_with(fault)
+def test_reasons_are_specific_and_name_what_was_expected():
+    expected = {
+        "nan": ("non-finite", "NaN or infinite values in 'model'"),
+        "inf": ("non-finite", "NaN or infinite values in 'model'"),
+        "wrong-shape": ("wrong-shape", "array 'model' has shape [5], expected [4]"),
+        "wrong-dtype": ("wrong-dtype", "array 'model' is float32, expected float64"),
+        "missing": ("malformed", "the reply has no ArrayRecord (expected one named 'arrays')"),
+        "wrong-key": ("malformed", "arrays missing 'model'; unexpected 'weights' (the model's arrays are {'model': float64[4]})"),
+        "not-npy": ("malformed", "array 'model' cannot be decoded"),
+        "error": ("error-code-2", "<class 'RuntimeError'>:<'boom'>"),
+    }
+    for fault, (reason, detail) in expected.items():
+        s, events = run_with(fault)
         assert dict(s.manager.rejections) == {reason: 1}, fault
+        assert s.manager.first_rejection[0] == reason
+        assert detail in s.manager.first_rejection[1], (fault, s.manager.first_rejection)

@@ -5,35 +5,41 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from flwr.app import Message
+from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 
 from fl_rescaled.experiment import RunSpec, run, run_batch
-from fl_rescaled.messages import RejectedReply, parse_reply, reply_content
+from fl_rescaled.errors import RejectedReply
+from fl_rescaled.layout import ModelLayout, encode_array
+from fl_rescaled.manager import zero_nonfinite_replicas
+from fl_rescaled.messages import parse_reply
 
 
-def _reply(vec: np.ndarray, job_id: int = 5) -> Message:
-    from clients.client_app import app
+def _reply(vec: np.ndarray) -> Message:
+    from fl_rescaled.clients.client_app import app
     from fl_rescaled.grid import InProcessGrid
 
     InProcessGrid(app, 1)  # a run context, which Flower needs to build a Message
-    return Message(reply_content(vec.astype(np.float32), {"job-id": job_id, "loss": 0.0}), 1, "train")
+    content = RecordDict({"arrays": ArrayRecord({"model": encode_array(vec.astype(np.float32))}),
+                          "metrics": MetricRecord({"loss": 0.0})})
+    return Message(content, 1, "train")
 
 
 def test_nonfinite_replica_is_zeroed_and_named_not_the_whole_reply():
     vec = np.arange(12, dtype=np.float32)
     vec[5] = np.nan  # replica 1 of 3 (4 values each)
-    out, metrics = parse_reply(_reply(vec), 5, 12, replicas=3)
-    assert metrics["nonfinite-replicas"] == [1]
+    out, bad = zero_nonfinite_replicas(vec, 3)
+    assert bad == [1]
     assert np.all(out[4:8] == 0)
     np.testing.assert_array_equal(out[:4], vec[:4])
     np.testing.assert_array_equal(out[8:], vec[8:])
+    assert np.isnan(vec[5])  # a copy: the reply itself is untouched
+    layout = ModelLayout.of(ArrayRecord({"model": Array(np.zeros(12, np.float32))}))[0]
     with pytest.raises(RejectedReply) as exc:  # a single run still rejects the reply
-        parse_reply(_reply(vec), 5, 12)
+        parse_reply(_reply(vec), layout)
     assert exc.value.reason == "non-finite"
     vec[5] = 1.0
-    out, metrics = parse_reply(_reply(vec), 5, 12, replicas=3)
-    assert "nonfinite-replicas" not in metrics
-    np.testing.assert_array_equal(out, vec)
+    out, bad = zero_nonfinite_replicas(vec, 3)
+    assert bad == [] and out is vec
 
 
 def test_random_compute_times_need_one_seed_per_batch():

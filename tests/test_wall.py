@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord
 
-from clients.client_app import app
+from fl_rescaled.clients.client_app import app
 from fl_rescaled import InProcessGrid, MaleniaSGD, MinibatchSGD, RescaledASGD, RingleaderASGD, WallClock
 from fl_rescaled.experiment import RunSpec, run
 from fl_rescaled.tasks import task_spec
@@ -76,7 +76,7 @@ def run_with_outage(strategy, down_for: float):
 
 
 def test_node_that_leaves_and_returns():
-    s = RescaledASGD(0.05)
+    s = RescaledASGD(lr=0.05)
     res, applied, _ = run_with_outage(s, down_for=1.0)
     book = s.manager.books[2]
     assert book.lost >= 1 and s.manager.rejections.get("error-code-5", 0) >= 1
@@ -93,7 +93,7 @@ def test_round_based_methods_go_on_without_a_node_that_left(strategy_cls):
     """Malenia, Ringleader and Minibatch SGD wait for every worker in a round. A worker whose node
     left must not be waited for (the others keep updating the model), and when it comes back its
     gradients count again."""
-    s = strategy_cls(0.05)
+    s = strategy_cls(lr=0.05)
     res, events, window = run_with_outage(s, down_for=1.2)
     lost = [e for e in events if e[1] == 2 and e[2] is not None]
     assert lost, "worker 2's job was lost when its node left"
@@ -110,13 +110,14 @@ def test_cancelling_a_job_whose_reply_is_already_buffered():
     """Wall clock: replies are pulled in batches, so a job may be cancelled after its reply was
     buffered (a round closing on another worker's reply). It must be dropped as wasted work, not
     handed to the strategy, and the next completion must be the other job."""
-    from fl_rescaled import AsyncClientManager
+    from fl_rescaled import AsyncClientManager, ModelLayout
 
     grid = InProcessGrid(app, 3, threaded=True)
     cfg = {"task": "quadratic", "num-partitions": 3, "quad-a": [1.0] * 3, "quad-b": B}
-    m = AsyncClientManager(grid, WallClock(0.01), train_config={"task": task_spec(cfg)})
+    layout = ModelLayout.of(ArrayRecord({"model": Array(np.zeros(1))}))[0]
+    m = AsyncClientManager(grid, WallClock(0.01), layout=layout, train_config={"task": task_spec(cfg)})
     try:
-        m.connect(3)
+        m.connect(3, partition_query=True)
         x = np.zeros(1)
         jobs = [m.submit(w, x, 0) for w in range(3)]
         deadline = time.monotonic() + 10

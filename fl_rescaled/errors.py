@@ -1,0 +1,48 @@
+"""The errors a run reports: a reply that must not touch the model, and a run that cannot go on."""
+
+from __future__ import annotations
+
+import re
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+class RejectedReply(Exception):
+    """A reply that must not touch the model; ``reason`` is a short tag, ``detail`` says what was expected."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+class RunFailed(RuntimeError):
+    """The run cannot make progress (every reply so far was rejected, or too many in a row).
+
+    ``books`` holds the run's books at that moment (the same keys as ``AsyncResult.books``).
+    """
+
+    def __init__(self, message: str, books: dict | None = None) -> None:
+        super().__init__(message)
+        self.books = dict(books or {})
+
+
+def client_error_text(reason: str, limit: int = 400) -> str:
+    """The useful part of an error reply's reason: the ClientApp's own exception, one line.
+
+    Flower's runtimes wrap it differently (``<class 'RuntimeError'>:<'boom'>`` in a deployment, a Ray
+    traceback with colour codes on the Simulation Engine); this keeps the last ``Error: message``
+    line of a traceback, or the wrapped message, without colour codes.
+    """
+    text = _ANSI.sub("", str(reason)).strip()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b.*:", ln) or re.match(r"^[A-Za-z_][\w.]*Error$", ln):
+            text = ln
+            break
+    else:
+        m = re.match(r"^<class '([^']+)'>:<'(.*)'>$", text, re.S)
+        if m:
+            text = f"{m.group(1).rsplit('.', 1)[-1]}: {m.group(2)}"
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"

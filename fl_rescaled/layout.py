@@ -1,0 +1,224 @@
+"""The user's model layout: an ``ArrayRecord`` of named arrays, and the flat vector the server steps.
+
+A strategy receives the model as Flower's ``ArrayRecord`` (for example ``ArrayRecord(model.state_dict())``)
+and must send every job, and read every reply, in exactly that layout: the same keys in the same order,
+the same shapes, and each array in its own dtype. ``ModelLayout`` records that layout once and converts
+between it and what the server computes with:
+
+- the **float arrays** are concatenated, in record order, into one flat vector ``x`` (of the arrays'
+  common float type: float32 for a float32 model), which every stepsize rule updates in place;
+- the **other arrays** (integers, booleans: a BatchNorm layer's ``num_batches_tracked``, say) are
+  *carried*: never promoted, never stepped, sent as they are.
+
+Encoding and decoding are on the hot path (a model goes out with every job and comes back with every
+reply), so both skip Flower's ``np.save``/``np.load``: an array is the cached ``.npy`` header of its
+(dtype, shape) followed by its raw bytes, which is exactly what ``Array(ndarray)`` produces, and it is
+read back with ``np.frombuffer`` past the header, without a copy. Anything else (a Fortran-ordered
+array, another serialisation) falls back to Flower's own ``Array.numpy()``.
+
+``decode`` validates a reply against the layout and raises ``RejectedReply`` naming what was expected.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.lib.format as npy_format
+from flwr.app import Array, ArrayRecord
+
+from .errors import RejectedReply
+
+_HEADERS: dict[tuple[str, tuple[int, ...]], bytes] = {}
+
+
+def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    """The ``.npy`` (version 1.0, C order) header that ``np.save`` writes for this dtype and shape."""
+    key = (dtype.str, shape)
+    hdr = _HEADERS.get(key)
+    if hdr is None:
+        buf = io.BytesIO()
+        npy_format.write_array_header_1_0(
+            buf, {"descr": npy_format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
+        )
+        hdr = _HEADERS[key] = buf.getvalue()
+    return hdr
+
+
+def encode_array(a: np.ndarray) -> Array:
+    """``Array(a)`` (the same bytes) without ``np.save``: header and raw data joined in one copy."""
+    if type(a) is not np.ndarray or not a.flags.c_contiguous:
+        a = np.ascontiguousarray(a)
+    shape = tuple(int(s) for s in a.shape)
+    if a.dtype.hasobject:
+        raise ValueError("object arrays cannot be sent")
+    return Array(dtype=str(a.dtype), shape=shape, stype="numpy.ndarray",
+                 data=b"".join((npy_header(a.dtype, shape), a.reshape(-1).view(np.uint8))))
+
+
+def decode_array(arr: Array) -> np.ndarray:
+    """The ndarray an ``Array`` holds: a read-only view of its bytes when they are plain C-order
+    ``.npy`` (as ``encode_array`` and ``Array(ndarray)`` write them), else Flower's ``numpy()``."""
+    if arr.stype == "numpy.ndarray":
+        try:
+            dtype = np.dtype(arr.dtype)
+            shape = tuple(int(s) for s in arr.shape)
+        except (TypeError, ValueError):
+            dtype = None
+        if dtype is not None and not dtype.hasobject:
+            hdr = npy_header(dtype, shape)
+            data = arr.data
+            if len(data) == len(hdr) + dtype.itemsize * math.prod(shape) and data.startswith(hdr):
+                return np.frombuffer(data, dtype=dtype, offset=len(hdr)).reshape(shape)
+    return arr.numpy()
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One array of the layout: where its values sit in the flat vector (float arrays only)."""
+
+    key: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    is_float: bool
+    offset: int  # into the flat vector (float arrays), else -1
+    size: int
+
+
+class ModelLayout:
+    """Keys, shapes and dtypes of a model given as an ``ArrayRecord``; see the module docstring."""
+
+    def __init__(self, entries: list[Entry]) -> None:
+        self.entries = entries
+        self.by_key = {e.key: e for e in entries}
+        floats = [e for e in entries if e.is_float]
+        self.floats = floats
+        self.flat_size = sum(e.size for e in floats)
+        self.flat_dtype = np.result_type(*[e.dtype for e in floats]) if floats else np.dtype(np.float32)
+        # One float array whose dtype is the flat vector's: the flat vector *is* that array (no copies).
+        self.single = floats[0] if len(floats) == 1 and floats[0].dtype == self.flat_dtype else None
+
+    @classmethod
+    def of(cls, arrays: ArrayRecord) -> tuple[ModelLayout, np.ndarray, dict[str, np.ndarray]]:
+        """The layout of ``arrays``, its flat float vector (a fresh copy) and its carried arrays."""
+        if not isinstance(arrays, ArrayRecord):
+            raise TypeError(f"initial_arrays must be an ArrayRecord, got {type(arrays).__name__}")
+        if len(arrays) == 0:
+            raise ValueError("initial_arrays is empty: there is no model to train")
+        entries, values, offset = [], {}, 0
+        for key, arr in arrays.items():
+            a = np.asarray(arr.numpy())
+            is_float = a.dtype.kind == "f"
+            entries.append(Entry(key, tuple(a.shape), a.dtype, is_float, offset if is_float else -1, int(a.size)))
+            if is_float:
+                offset += int(a.size)
+            values[key] = a
+        layout = cls(entries)
+        if not layout.floats:
+            raise ValueError("initial_arrays has no floating-point array: nothing could be trained")
+        flat = np.empty(layout.flat_size, dtype=layout.flat_dtype)
+        for e in layout.floats:
+            flat[e.offset:e.offset + e.size] = values[e.key].reshape(-1)
+        carried = {e.key: np.array(values[e.key]) for e in entries if not e.is_float}
+        return layout, flat, carried
+
+    def describe(self) -> str:
+        parts = [f"{e.key!r}: {e.dtype}{list(e.shape)}" for e in self.entries]
+        return "{" + ", ".join(parts) + "}"
+
+    # ------------------------------------------------------------------ server -> client
+    def encode(self, flat: np.ndarray, carried: dict[str, np.ndarray]) -> ArrayRecord:
+        """The model in the user's layout (a snapshot: later steps of ``flat`` do not change it)."""
+        rec = ArrayRecord()
+        for e in self.entries:
+            if e.is_float:
+                part = flat[e.offset:e.offset + e.size]
+                if part.dtype != e.dtype:
+                    part = part.astype(e.dtype)
+                rec[e.key] = encode_array(part.reshape(e.shape))
+            else:
+                rec[e.key] = encode_array(carried[e.key])
+        return rec
+
+    def to_record(self, flat: np.ndarray, carried: dict[str, np.ndarray]) -> ArrayRecord:
+        """``encode`` for the user (evaluation, the result): the same arrays, built by Flower."""
+        rec = ArrayRecord()
+        for e in self.entries:
+            if e.is_float:
+                a = np.array(flat[e.offset:e.offset + e.size], dtype=e.dtype).reshape(e.shape)
+            else:
+                a = np.array(carried[e.key])
+            rec[e.key] = Array(a)
+        return rec
+
+    # ------------------------------------------------------------------ client -> server
+    def flatten(self, rec: ArrayRecord, *, carried_required: bool = True,
+                check_finite: bool = True) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Validate ``rec`` against the layout; return its flat float vector and its carried arrays.
+
+        The flat vector is a read-only view of the message when the model is one float array,
+        else a fresh array. Raises ``RejectedReply`` (reason ``malformed``, ``wrong-shape``,
+        ``wrong-dtype`` or ``non-finite``) with a message that names what was expected.
+        ``carried_required=False``: the non-float arrays may be left out (a gradient has none).
+        """
+        keys = list(rec.keys())
+        expected = [e.key for e in self.entries]
+        if keys != expected:
+            missing = [k for k in expected if k not in rec]
+            extra = [k for k in keys if k not in self.by_key]
+            if not carried_required:
+                missing = [k for k in missing if self.by_key[k].is_float]
+            if missing or extra:
+                what = []
+                if missing:
+                    what.append(f"missing {_keys(missing)}")
+                if extra:
+                    what.append(f"unexpected {_keys(extra)}")
+                raise RejectedReply("malformed", f"arrays {'; '.join(what)} (the model's arrays are {self.describe()})")
+        values: dict[str, np.ndarray] = {}
+        for e in self.entries:
+            if e.key not in rec:
+                continue
+            try:
+                a = decode_array(rec[e.key])
+            except Exception as exc:  # noqa: BLE001 - any undecodable payload is rejected
+                raise RejectedReply("malformed", f"array {e.key!r} cannot be decoded: {exc}") from None
+            if a.shape != e.shape:
+                raise RejectedReply("wrong-shape", f"array {e.key!r} has shape {list(a.shape)}, expected {list(e.shape)}")
+            if a.dtype != e.dtype:
+                raise RejectedReply("wrong-dtype", f"array {e.key!r} is {a.dtype}, expected {e.dtype}")
+            values[e.key] = a
+        if self.single is not None:
+            flat = values[self.single.key].reshape(-1)
+        else:
+            flat = np.empty(self.flat_size, dtype=self.flat_dtype)
+            for e in self.floats:
+                flat[e.offset:e.offset + e.size] = values[e.key].reshape(-1)
+        # A sum is finite only if every term is; the exact test runs only when it is not (overflow).
+        if check_finite and not np.isfinite(np.dot(flat, flat)) and not np.isfinite(flat).all():
+            bad = [e.key for e in self.floats if not np.isfinite(values[e.key]).all()]
+            raise RejectedReply("non-finite", f"NaN or infinite values in {_keys(bad)}")
+        carried = {e.key: values[e.key] for e in self.entries if not e.is_float and e.key in values}
+        return flat, carried
+
+
+def _keys(keys: list[str], limit: int = 6) -> str:
+    shown = ", ".join(repr(k) for k in keys[:limit])
+    return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
+
+
+def array_record_of(content: Any, key: str) -> ArrayRecord:
+    """The reply's ArrayRecord: the one named ``key``, or the only one there is (as Flower's FedAvg
+    accepts); raises ``RejectedReply`` otherwise."""
+    rec = content.get(key) if key in content else None
+    if isinstance(rec, ArrayRecord):
+        return rec
+    found = [k for k, v in content.items() if isinstance(v, ArrayRecord)]
+    if len(found) == 1:
+        return content[found[0]]
+    if not found:
+        raise RejectedReply("malformed", f"the reply has no ArrayRecord (expected one named {key!r})")
+    raise RejectedReply("malformed", f"the reply has {len(found)} ArrayRecords {found}, none named {key!r}")

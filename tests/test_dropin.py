@@ -1,0 +1,300 @@
+"""A drop-in for FedAvg: a ClientApp written only against Flower's API (state-dict layout, model
+replies with ``num-examples``, no partition query) works unchanged; wrong replies and broken
+ClientApps fail loudly; budgets, evaluation and metrics behave as a Flower user expects."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from fl_rescaled import (
+    FedAsync,
+    FedBuff,
+    InProcessGrid,
+    RescaledASGD,
+    RunFailed,
+    VanillaASGD,
+    WallClock,
+    add_partition_query,
+)
+
+TARGETS = [np.array([4.0, 4.0, 4.0]), np.array([-3.0, -3.0, -3.0]), np.array([1.0, 1.0, 1.0])]
+H = 3  # local steps of the FedAvg-style client
+
+
+def initial() -> ArrayRecord:
+    """A model with a float32 matrix, a float16 vector and an int64 counter (a BatchNorm-like buffer)."""
+    return ArrayRecord({"w": Array(np.zeros((2, 3), np.float32)), "b": Array(np.zeros(3, np.float16)),
+                        "num_batches_tracked": Array(np.array(0, np.int64))})
+
+
+def fedavg_client(*, hello: bool = False, fail: str | None = None, evaluate: bool = False) -> ClientApp:
+    """What a FedAvg user writes: load the arrays, train H steps on F_i(θ) = ‖θ − b_i‖², reply the
+    trained arrays (same keys and dtypes) and ``num-examples``. Knows nothing of fl_rescaled."""
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        state = {k: v.numpy() for k, v in msg.content["arrays"].items()}
+        if fail == "raise":
+            raise KeyError("learning-rate")
+        assert state["w"].dtype == np.float32 and state["b"].dtype == np.float16
+        assert state["num_batches_tracked"].dtype == np.int64 and state["num_batches_tracked"].shape == ()
+        pid = int(context.node_config["partition-id"])
+        lr = float(msg.content["config"]["lr"])
+        w, b = state["w"].astype(np.float64), state["b"].astype(np.float64)
+        for _ in range(H):
+            w -= lr * 2 * (w - TARGETS[pid])
+            b -= lr * 2 * (b - TARGETS[pid])
+        out = {"w": Array(w.astype(np.float32)), "b": Array(b.astype(np.float16)),
+               "num_batches_tracked": Array(np.asarray(state["num_batches_tracked"] + H))}
+        if fail == "flat":  # our old convention: one flat vector under "model"
+            out = {"model": Array(np.concatenate([w.ravel(), b.ravel()]).astype(np.float32))}
+        metrics = {"train_loss": float(np.sum((w - TARGETS[pid]) ** 2)), "num-examples": pid + 1,
+                   "partition": float(pid)}
+        return Message(RecordDict({"arrays": ArrayRecord(out), "metrics": MetricRecord(metrics)}), reply_to=msg)
+
+    if evaluate:
+        @app.evaluate()
+        def evaluate_fn(msg: Message, context: Context) -> Message:
+            w = msg.content["arrays"]["w"].numpy()
+            pid = int(context.node_config["partition-id"])
+            metrics = {"eval_loss": float(np.sum((w - TARGETS[pid]) ** 2)), "num-examples": 1}
+            return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
+
+    if hello:
+        add_partition_query(app)
+    return app
+
+
+def grid_of(app: ClientApp, taus=(1.0, 2.0), **kw) -> InProcessGrid:
+    return InProcessGrid(app, len(taus), node_configs=[{"tau": float(t)} for t in taus], **kw)
+
+
+def w_of(result) -> np.ndarray:
+    return result.arrays["w"].numpy()
+
+
+# ---------------------------------------------------------------------------------------------- layout
+@pytest.mark.parametrize("make", [lambda: FedBuff(buffer_size=2), lambda: FedAsync(), lambda: RescaledASGD(reply="model")])
+def test_an_unchanged_fedavg_clientapp_trains_in_its_own_layout(make):
+    strategy = make()
+    result = strategy.start(grid=grid_of(fedavg_client()), initial_arrays=initial(),
+                            train_config=ConfigRecord({"lr": 0.05}), num_updates=60)
+    assert result.books["updates"] == 60 and result.books["rejected"] == 0
+    arrays = result.arrays
+    assert list(arrays.keys()) == ["w", "b", "num_batches_tracked"]
+    assert arrays["w"].numpy().dtype == np.float32 and arrays["w"].numpy().shape == (2, 3)
+    assert arrays["b"].numpy().dtype == np.float16
+    counter = arrays["num_batches_tracked"].numpy()
+    # Carried, never stepped: the latest accepted reply's counter, a whole number of local steps.
+    assert counter.dtype == np.int64 and counter.shape == () and int(counter) % H == 0 and int(counter) > 0
+    # The model moved from 0 toward a point between the two clients' targets (-3 and 4).
+    w = w_of(result)
+    assert np.all(w > -3) and np.all(w < 4) and np.abs(w).min() > 0.1
+    if isinstance(strategy, RescaledASGD):  # equal curvature: the equal-weight point (4 - 3) / 2
+        assert np.abs(w - 0.5).max() < 0.2
+    import torch  # noqa: F401  (Flower converts to torch only when torch is imported)
+
+    assert tuple(result.arrays.to_torch_state_dict()["w"].shape) == (2, 3)
+
+
+def test_the_default_strategies_are_constructible_with_no_arguments():
+    for cls in (RescaledASGD, VanillaASGD, FedAsync, FedBuff):
+        s = cls()
+        assert s.lr == 1.0 and s.reply in ("gradient", "model")
+    assert FedAsync().reply == FedBuff().reply == RescaledASGD(reply="model").reply == "model"
+    assert RescaledASGD().reply == "gradient"
+    with pytest.raises(TypeError):
+        RescaledASGD(0.1)  # options are keyword-only, as documented once on the constructor
+    with pytest.raises(ValueError, match="reply"):
+        RescaledASGD(reply="delta")
+
+
+def test_without_partition_query_workers_follow_node_ids_with_one_warning(caplog):
+    caplog.set_level(logging.WARNING, logger="flwr.fl_rescaled")
+    grid = grid_of(fedavg_client(), taus=(1.0, 2.0, 4.0))
+    s = RescaledASGD(reply="model")
+    result = s.start(grid=grid, initial_arrays=initial(), train_config={"lr": 0.05}, time_budget=20)
+    assert result.books["rejected"] == 0 and result.books["updates"] > 0
+    warnings = [r.getMessage() for r in caplog.records if "numbered by node id" in r.getMessage()]
+    assert len(warnings) == 1 and "add_partition_query" in warnings[0]
+    books = s.manager.books
+    assert [b.node_id for b in books] == sorted(grid.node_ids)
+    # Each worker runs at its own node's τ (from its node config): 20 / τ updates each.
+    assert [b.updates for b in books] == [round(20 / grid.node_config(b.node_id)["tau"]) for b in books]
+
+
+def test_per_partition_weights_without_the_partition_query_refuse_to_start():
+    grid = grid_of(fedavg_client(), taus=(1.0, 2.0))
+    with pytest.raises(RuntimeError, match="add_partition_query") as info:
+        RescaledASGD(reply="model", weights=[0.3, 0.7]).start(grid=grid, initial_arrays=initial(),
+                                                               train_config={"lr": 0.05}, time_budget=5)
+    assert "partition" in str(info.value)
+    assert grid.messages_pushed == 2  # the two queries; no training job was sent
+    # With the query answered, the same weights are accepted.
+    ok = RescaledASGD(reply="model", weights=[0.3, 0.7]).start(
+        grid=grid_of(fedavg_client(hello=True)), initial_arrays=initial(), train_config={"lr": 0.05}, time_budget=5)
+    assert ok.books["updates"] > 0
+
+
+# ---------------------------------------------------------------------------------------------- loud failures
+def test_a_clientapp_that_raises_stops_the_run_with_its_own_exception_text():
+    with pytest.raises(RunFailed) as info:
+        FedBuff().start(grid=grid_of(fedavg_client(fail="raise")), initial_arrays=initial(),
+                        train_config={"lr": 0.05}, num_updates=10)
+    msg = str(info.value)
+    assert "KeyError" in msg and "learning-rate" in msg and "error-code-2" in msg
+    books = info.value.books
+    assert books["updates"] == 0 and books["rejected.error-code-2"] == books["rejected"] >= 2
+
+
+def test_replies_in_another_layout_stop_the_run_naming_the_expected_arrays():
+    with pytest.raises(RunFailed) as info:
+        RescaledASGD(reply="model").start(grid=grid_of(fedavg_client(fail="flat")), initial_arrays=initial(),
+                                           train_config={"lr": 0.05}, num_updates=10)
+    msg = str(info.value)
+    assert "malformed" in msg and "missing 'w', 'b'" in msg and "unexpected 'model'" in msg
+    assert "'w': float32[2, 3]" in msg
+
+
+def test_too_many_rejections_in_a_row_stop_a_run_that_went_bad():
+    app = ClientApp()
+    calls = {"n": 0}
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        calls["n"] += 1
+        w = msg.content["arrays"]["w"].numpy()
+        g = w - 1.0 if calls["n"] <= 10 else np.full_like(w, np.nan)  # fine at first, then NaN forever
+        return Message(RecordDict({"arrays": ArrayRecord({"w": Array(g.astype(np.float32))}),
+                                   "metrics": MetricRecord({"num-examples": 1})}), reply_to=msg)
+
+    start = ArrayRecord({"w": Array(np.zeros(3, np.float32))})
+    with pytest.raises(RunFailed, match="5 replies in a row were rejected") as info:
+        RescaledASGD(max_consecutive_rejections=5).start(grid=grid_of(app), initial_arrays=start, time_budget=1000)
+    assert info.value.books["updates"] == 10
+    assert "non-finite" in str(info.value)
+
+
+def test_run_sim_exits_non_zero_with_the_reason(monkeypatch, capsys):
+    from fl_rescaled import cli, experiment
+
+    def failing(spec, grid=None, **kw):
+        raise RunFailed("the run cannot make progress: no reply could be used")
+
+    monkeypatch.setattr(experiment, "run", failing)
+    rc = cli.main(["--task", "quadratic", "--strategy", "rescaled", "--budget", "5"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "no reply could be used" in err and "Traceback" not in err
+
+
+def test_the_serverapp_fails_the_run_when_no_reply_can_be_used():
+    from fl_rescaled import run_inprocess
+    from fl_rescaled.server_app import app as server_app
+
+    broken = ClientApp()
+
+    @broken.train()
+    def train(msg: Message, context: Context) -> Message:
+        raise RuntimeError("deliberate: this client is broken")
+
+    add_partition_query(broken)
+    with pytest.raises(RunFailed, match="deliberate: this client is broken"):
+        run_inprocess(server_app, broken, 2, run_config={"task": "quadratic", "taus": "1,2", "budget": 10.0})
+
+
+# ---------------------------------------------------------------------------------------------- budgets, metrics
+def test_num_updates_stops_exactly_and_ten_evaluations_by_default():
+    seen = []
+    result = RescaledASGD(reply="model").start(
+        grid=grid_of(fedavg_client()), initial_arrays=initial(), train_config={"lr": 0.05}, num_updates=37,
+        evaluate_fn=lambda step, arrays: seen.append(step) or MetricRecord({"w0": float(arrays["w"].numpy()[0, 0])}))
+    assert result.books["updates"] == 37
+    assert seen == list(range(11))  # the start, then every 4 updates (⌈37/10⌉), and the end
+    updates = [int(result.evaluate_metrics_serverapp[s]["updates"]) for s in seen]
+    assert updates[0] == 0 and updates[-1] == 37 and updates == sorted(updates)
+    with pytest.raises(ValueError, match="budget"):
+        RescaledASGD().start(grid=grid_of(fedavg_client()), initial_arrays=initial())
+
+
+def test_time_budget_gives_ten_evaluation_points_and_weighted_reply_metrics():
+    grid = grid_of(fedavg_client(hello=True, evaluate=True), taus=(1.0, 1.0, 1.0))
+    result = FedAsync(fraction_evaluate=2 / 3).start(grid=grid, initial_arrays=initial(),
+                                                     train_config={"lr": 0.05}, time_budget=20.0,
+                                                     partition_query=True)
+    assert sorted(result.train_metrics_clientapp) == list(range(1, 11))
+    for rec in result.train_metrics_clientapp.values():
+        # Every worker replied equally often: the mean of "partition" weighted by num-examples = pid + 1.
+        assert rec["partition"] == pytest.approx((0 * 1 + 1 * 2 + 2 * 3) / 6)
+        assert rec["num-examples"] == 6 * rec["replies"] / 3  # the weights are summed, not averaged
+        assert "train_loss" in rec and rec["time"] > 0
+    fed = result.evaluate_metrics_clientapp
+    assert sorted(fed) == list(range(11))
+    assert all(rec["num-examples"] == 2 for rec in fed.values())  # 2 of the 3 nodes evaluate each time
+    assert all(np.isfinite(rec["eval_loss"]) and rec["updates"] >= 0 for rec in fed.values())
+
+
+def test_default_clock_virtual_in_process_wall_on_a_threaded_grid_budget_from_first_job():
+    s = RescaledASGD(reply="model")
+    s.start(grid=grid_of(fedavg_client(), taus=(1.0, 4.0)), initial_arrays=initial(),
+            train_config={"lr": 0.05}, time_budget=40)
+    assert s.manager.clock.virtual
+    assert [b.updates for b in s.manager.books] == [40, 10]  # τ = 1 and 4 from the node configs
+
+    clock = WallClock()
+    time.sleep(0.3)  # start-up before the first job (Ray, a SuperLink) does not eat the budget
+    first = []
+    s = RescaledASGD(reply="model")
+    s.on_event = lambda comp, x: first.append(comp.job.dispatch_time) if not first else None
+    grid = grid_of(fedavg_client(), threaded=True)
+    try:
+        s.start(grid=grid, initial_arrays=initial(), train_config={"lr": 0.05}, time_budget=0.3, clock=clock)
+    finally:
+        grid.close()
+    assert not s.manager.clock.virtual
+    assert first and first[0] < 0.1
+    s = RescaledASGD(reply="model")
+    grid = grid_of(fedavg_client(), threaded=True)
+    try:
+        s.start(grid=grid, initial_arrays=initial(), train_config={"lr": 0.05}, num_updates=5)
+    finally:
+        grid.close()
+    assert isinstance(s.manager.clock, WallClock)  # a Grid without virtual time runs on the wall clock
+
+
+# ---------------------------------------------------------------------------------------------- reply="model" fixed points
+def _quadratic(strategy: str, a, taus, **kw) -> float:
+    from conftest import quad
+
+    out = quad(strategy=strategy, taus=list(taus), quad_a=list(a), quad_b=[4.0, -3.0], lr=0.02, budget=6000,
+               reply="model", local_steps=5, local_lr=0.05, eval_every=6000, **kw)
+    return out["final_params"][0]
+
+
+def _point(weights, a, b=(4.0, -3.0), eta=0.05, steps=5) -> float:
+    c = [1 - (1 - 2 * eta * ai) ** steps for ai in a]
+    return sum(w * ci * bi for w, ci, bi in zip(weights, c, b)) / sum(w * ci for w, ci in zip(weights, c))
+
+
+def test_rescaled_with_model_replies_lands_on_the_equal_weight_point_vanilla_and_fedasync_do_not():
+    taus = (1.0, 2.0)
+    equal, freq = _point([1, 1], [1, 1]), _point([2, 1], [1, 1])
+    assert equal == pytest.approx(0.5) and freq == pytest.approx(5 / 3)
+    assert _quadratic("rescaled", [1, 1], taus) == pytest.approx(equal, abs=0.02)
+    assert _quadratic("vanilla", [1, 1], taus) == pytest.approx(freq, abs=0.05)
+    # FedAsync mixes fast clients' models in more often, and with less staleness discount.
+    assert _quadratic("fedasync", [1, 1], taus, fedasync_mixing=0.05) > freq - 0.05
+
+
+def test_rescaled_with_model_replies_and_unequal_curvature_has_the_local_steps_drift():
+    a, taus = (1.0, 4.0), (1.0, 2.0)
+    drift = _point([1, 1], a)  # c_i = 1 − (1 − 2 η a_i)^H: the stiffer client pulls harder
+    exact = (1 * 4.0 + 4 * -3.0) / 5  # the minimiser of F_1 + F_2
+    assert abs(drift - exact) > 0.2
+    assert _quadratic("rescaled", a, taus) == pytest.approx(drift, abs=0.02)

@@ -1,0 +1,189 @@
+"""The example app examples/quickstart-async, run in process, and a gradient-replying ClientApp.
+
+* The example's own ServerApp and ClientApp (a FedAvg ClientApp) with each asynchronous strategy
+  and with Flower's FedAvg, on real MNIST, through ``run_inprocess`` with the app's pyproject
+  defaults plus small overrides.
+* A ClientApp written only against Flower's API that replies with gradients, driven by
+  ``RescaledASGD()`` from a tiny inline ServerApp.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import Result
+
+from fl_rescaled import AsyncResult, RescaledASGD, run_inprocess
+
+EXAMPLE_DIR = Path(__file__).resolve().parents[1] / "examples" / "quickstart-async"
+TAUS = (1.0, 1.0, 2.0, 2.0, 4.0)  # heterogeneous compute times of the 5 in-process nodes
+SMALL = {"examples-per-client": 300, "fraction-evaluate": 0.5, "learning-rate": 0.05}
+
+
+@pytest.fixture
+def single_thread():
+    """Torch on one thread: on a 2-core machine shared with other work, its default thread pool
+    makes these tiny batches many times slower (the Ray actors of Flower's engine run so too)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def example(monkeypatch, mnist_cache, single_thread):
+    """The example's modules, imported from its folder, with ``report`` captured."""
+    monkeypatch.syspath_prepend(str(EXAMPLE_DIR))
+    server_app = importlib.import_module("quickstart_async.server_app")
+    client_app = importlib.import_module("quickstart_async.client_app")
+    assert Path(server_app.__file__).resolve().is_relative_to(EXAMPLE_DIR)
+    runs: list[SimpleNamespace] = []
+    report = server_app.report
+
+    def capture(name, initial, result):
+        runs.append(SimpleNamespace(name=name, initial=initial, result=result))
+        report(name, initial, result)
+
+    monkeypatch.setattr(server_app, "report", capture)
+
+    def run(**overrides) -> SimpleNamespace:
+        run_inprocess(server_app.app, client_app.app, num_supernodes=len(TAUS), app_dir=EXAMPLE_DIR,
+                      run_config={**SMALL, **overrides}, node_configs=[{"tau": t} for t in TAUS])
+        assert len(runs) == 1, "the ServerApp reports once per run"
+        return runs.pop()
+
+    return run
+
+
+def _max_change(initial: ArrayRecord, final: ArrayRecord) -> float:
+    a, b = initial.to_torch_state_dict(), final.to_torch_state_dict()
+    assert list(a) == list(b)
+    for k in a:
+        assert a[k].shape == b[k].shape and a[k].dtype == b[k].dtype, k
+    return max(float((b[k] - a[k]).abs().max()) for k in a)
+
+
+@pytest.mark.mnist
+@pytest.mark.parametrize("strategy, num_updates", [("rescaled", 60), ("fedasync", 30), ("fedbuff", 4)])
+def test_example_runs_async(example, strategy, num_updates):
+    run = example(strategy=strategy, **{"num-updates": num_updates})
+    result = run.result
+    assert run.name == strategy and isinstance(result, AsyncResult)
+
+    books = result.books
+    assert books["updates"] == num_updates
+    assert books["replies-accepted"] >= num_updates  # FedBuff: 10 replies per update
+    assert books["rejected"] == 0 and not any(k.startswith("rejected.") for k in books)
+    assert _max_change(run.initial, result.arrays) > 0
+
+    fed = result.evaluate_metrics_clientapp
+    assert 0 in fed and len(fed) >= 3, fed.keys()
+    first, last = fed[min(fed)], fed[max(fed)]
+    assert last["updates"] == num_updates
+    assert last["eval_loss"] < 0.9 * first["eval_loss"], (first, last)
+    assert last["eval_acc"] > 0.3  # chance is 0.1
+    train = result.train_metrics_clientapp
+    assert train and all("train_loss" in rec and rec["num-examples"] > 0 for rec in train.values())
+
+
+@pytest.mark.mnist
+def test_example_runs_fedavg(example):
+    run = example(strategy="fedavg", **{"num-server-rounds": 2})
+    result = run.result
+    assert type(result) is Result  # Flower's own FedAvg, not an asynchronous strategy
+    assert _max_change(run.initial, result.arrays) > 0
+    assert sorted(result.evaluate_metrics_clientapp) == [1, 2]
+    assert sorted(result.train_metrics_clientapp) == [1, 2]
+    assert result.evaluate_metrics_clientapp[2]["eval_acc"] > 0.2
+
+
+# ------------------------------------------------------------ a gradient-replying ClientApp
+# Linear regression y = x·w* + b* + noise, the same (w*, b*) on every node: the ClientApp answers a
+# job with the gradient of its minibatch loss at the model it received, under the model's own keys.
+W_STAR = np.array([[1.5, -2.0, 0.5, 1.0]], dtype=np.float32)
+B_STAR = np.array([0.7], dtype=np.float32)
+
+
+def _node_data(partition_id: int, n: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    rng = np.random.default_rng(100 + partition_id)
+    x = rng.normal(size=(n, W_STAR.shape[1])).astype(np.float32)
+    y = x @ W_STAR.T + B_STAR + 0.01 * rng.normal(size=(n, 1)).astype(np.float32)
+    return torch.from_numpy(x), torch.from_numpy(y)
+
+
+def _model(arrays: ArrayRecord) -> torch.nn.Linear:
+    model = torch.nn.Linear(W_STAR.shape[1], 1)
+    model.load_state_dict(arrays.to_torch_state_dict())
+    return model
+
+
+gradient_app = ClientApp()
+
+
+@gradient_app.train()
+def _gradient_train(msg: Message, context: Context) -> Message:
+    model = _model(msg.content["arrays"])
+    x, y = _node_data(int(context.node_config["partition-id"]))
+    batch = torch.randperm(len(x))[:16]
+    loss = 0.5 * torch.nn.functional.mse_loss(model(x[batch]), y[batch])
+    loss.backward()
+    grads = {name: p.grad.detach().clone() for name, p in model.named_parameters()}
+    content = RecordDict({"arrays": ArrayRecord(grads),
+                          "metrics": MetricRecord({"loss": loss.item(), "num-examples": len(batch)})})
+    return Message(content=content, reply_to=msg)
+
+
+@gradient_app.evaluate()
+def _gradient_evaluate(msg: Message, context: Context) -> Message:
+    model = _model(msg.content["arrays"])
+    x, y = _node_data(int(context.node_config["partition-id"]))
+    with torch.no_grad():
+        loss = 0.5 * torch.nn.functional.mse_loss(model(x), y).item()
+    return Message(content=RecordDict({"metrics": MetricRecord({"loss": loss, "num-examples": len(x)})}),
+                   reply_to=msg)
+
+
+def test_gradient_clientapp_with_rescaled_asgd(single_thread):
+    torch.manual_seed(0)
+    initial = torch.nn.Linear(W_STAR.shape[1], 1).state_dict()
+    data = [_node_data(i) for i in range(len(TAUS))]
+
+    def central(step: int, arrays: ArrayRecord) -> MetricRecord:
+        model = _model(arrays)
+        with torch.no_grad():
+            losses = [0.5 * torch.nn.functional.mse_loss(model(x), y).item() for x, y in data]
+        return MetricRecord({"loss": float(np.mean(losses))})
+
+    out: dict[str, AsyncResult] = {}
+    server = ServerApp()
+
+    @server.main()
+    def _main(grid: Grid, context: Context) -> None:
+        out["result"] = RescaledASGD().start(grid=grid, initial_arrays=ArrayRecord(initial), num_updates=200,
+                                             train_config=ConfigRecord({}), evaluate_fn=central)
+
+    run_inprocess(server, gradient_app, num_supernodes=len(TAUS), node_configs=[{"tau": t} for t in TAUS])
+    result = out["result"]
+
+    assert result.books["updates"] == 200 and result.books["rejected"] == 0
+    central_loss = result.evaluate_metrics_serverapp
+    assert central_loss[max(central_loss)]["loss"] < 0.01 * central_loss[0]["loss"], central_loss
+    fed = result.evaluate_metrics_clientapp
+    assert fed[max(fed)]["loss"] < 0.01 * fed[0]["loss"]
+    train = result.train_metrics_clientapp
+    assert train[max(train)]["loss"] < 0.05 * train[min(train)]["loss"]
+
+    final = result.arrays.to_torch_state_dict()
+    assert list(final) == list(initial) == ["weight", "bias"]
+    for k in initial:
+        assert final[k].shape == initial[k].shape and final[k].dtype == initial[k].dtype == torch.float32
+    np.testing.assert_allclose(final["weight"].numpy(), W_STAR, atol=0.05)
+    np.testing.assert_allclose(final["bias"].numpy(), B_STAR, atol=0.05)
