@@ -23,7 +23,8 @@ class RescaledASGD(ASGD):
     On the virtual clock τ_i is the delay model's mean; on the wall clock it is the client
     manager's online estimate of worker i's time per delivery (or of its reported compute time),
     τ_max the largest current estimate, and the weights are renormalised over the workers that
-    are online and have delivered at least once.
+    are online (whether or not they have delivered yet, so the first replies of a run take steps
+    of α · w_i, not the larger share of the few workers heard from so far).
 
     With ``reply="model"`` (an unchanged FedAvg ClientApp that returns its trained model) the
     same weights are applied to the pseudo-gradients Δ_i = x_sent − y_i, so fast clients still
@@ -63,13 +64,18 @@ class RescaledASGD(ASGD):
         taus = self.manager.tau_estimates()
         if self.manager.clock.virtual:
             return rescaled_stepsize(comp.worker, taus, self.lr, self.weights)
+        # Weights over the online workers, whether or not they have delivered yet (renormalising
+        # over the k that have would give the first replies steps of α/1, α/2, ...: about
+        # α · ln n in all before the slow workers report). τ_max over the known estimates.
         online = self.manager.online_workers()
-        known = [i for i in online if not math.isnan(taus[i])]
-        if comp.worker not in known:  # its node was just reported gone: its last word still counts
-            known = sorted(known + [comp.worker])
-        sub_taus = [taus[i] for i in known]
+        if comp.worker not in online:  # its node was just reported gone: its last word still counts
+            online = sorted(online + [comp.worker])
+        # A worker not heard from yet counts in the weights but not in τ_max (its τ stands in as
+        # the smallest known one).
+        floor = min(taus[i] for i in online if not math.isnan(taus[i]))
+        sub_taus = [floor if math.isnan(taus[i]) else taus[i] for i in online]
         w = None
         if self.weights is not None:
-            total = sum(self.weights[i] for i in known)
-            w = [self.weights[i] / total for i in known]
-        return rescaled_stepsize(known.index(comp.worker), sub_taus, self.lr, w)
+            total = sum(self.weights[i] for i in online)
+            w = [self.weights[i] / total for i in online]
+        return rescaled_stepsize(online.index(comp.worker), sub_taus, self.lr, w)

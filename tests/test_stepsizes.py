@@ -63,3 +63,27 @@ def test_weights_validation():
         check_weights([0.5, 0.6], 2)
     with pytest.raises(ValueError):
         check_weights([1.0], 2)
+
+
+def test_wall_clock_rescaled_weights_count_workers_not_heard_from_yet():
+    """On the wall clock τ_i is estimated online. Workers that have not delivered yet still count in
+    the weights (1/n each), so the first replies of a run take steps of α/n, not α/1, α/2, ..."""
+    import math
+    from types import SimpleNamespace
+
+    from fl_rescaled import RescaledASGD
+
+    taus = [1.0, math.nan, math.nan, math.nan]
+    manager = SimpleNamespace(clock=SimpleNamespace(virtual=False), tau_estimates=lambda: taus,
+                              online_workers=lambda: [0, 1, 2, 3])
+    s = RescaledASGD(lr=0.8)
+    s.manager = manager
+    assert s.stepsize(SimpleNamespace(worker=0)) == pytest.approx(0.8 / 4)  # τ_max = the only known τ
+    taus[1] = 4.0
+    assert s.stepsize(SimpleNamespace(worker=1)) == pytest.approx(0.8 / 4 * 4 / 4)
+    assert s.stepsize(SimpleNamespace(worker=0)) == pytest.approx(0.8 / 4 * 1 / 4)
+    w = RescaledASGD(lr=0.8, weights=[0.1, 0.2, 0.3, 0.4])
+    w.manager = manager
+    assert w.stepsize(SimpleNamespace(worker=1)) == pytest.approx(0.8 * 0.2 * 4 / 4)
+    manager.online_workers = lambda: [0, 1]  # 2 and 3 left: weights renormalised over the online ones
+    assert w.stepsize(SimpleNamespace(worker=1)) == pytest.approx(0.8 * (0.2 / 0.3) * 4 / 4)

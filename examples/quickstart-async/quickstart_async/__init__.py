@@ -1,0 +1,1 @@
+"""quickstart-async: Flower's PyTorch quickstart run by an asynchronous strategy."""

@@ -1,0 +1,88 @@
+"""The ServerApp: Flower's quickstart ServerApp, with the strategy chosen by the run config.
+
+``strategy = "fedavg"`` runs Flower's own FedAvg for ``num-server-rounds`` rounds; ``"fedbuff"``,
+``"fedasync"`` and ``"rescaled"`` run an asynchronous strategy of fl_rescaled for ``num-updates``
+server updates. The two branches of ``main`` differ only in the constructor and the budget
+argument: the ClientApp, the model, the configs and the ``Result`` are the same.
+"""
+
+import math
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import FedAvg, Result
+
+from fl_rescaled import FedAsync, FedBuff, RescaledASGD
+from quickstart_async.task import Net
+
+app = ServerApp()
+
+
+def make_async_strategy(name: str, fraction_evaluate: float):
+    """One of fl_rescaled's asynchronous strategies, each with its defaults.
+
+    All three take the trained models a FedAvg ClientApp returns: FedBuff and FedAsync do so by
+    default, Rescaled ASGD with ``reply="model"`` (its own default is a gradient reply).
+    """
+    if name == "fedbuff":
+        return FedBuff(fraction_evaluate=fraction_evaluate)
+    if name == "fedasync":
+        return FedAsync(fraction_evaluate=fraction_evaluate)
+    if name == "rescaled":
+        return RescaledASGD(reply="model", fraction_evaluate=fraction_evaluate)
+    raise ValueError(f"unknown strategy {name!r}: choose fedavg, fedbuff, fedasync or rescaled")
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Train ``Net`` on the SuperNodes with the run config's strategy and report the outcome."""
+    name = str(context.run_config["strategy"])
+    fraction_evaluate = float(context.run_config["fraction-evaluate"])
+    lr = float(context.run_config["learning-rate"])
+
+    arrays = ArrayRecord(Net().state_dict())
+
+    if name == "fedavg":
+        strategy = FedAvg(fraction_evaluate=fraction_evaluate)
+        result = strategy.start(
+            grid=grid,
+            initial_arrays=arrays,
+            train_config=ConfigRecord({"lr": lr}),
+            num_rounds=int(context.run_config["num-server-rounds"]),
+        )
+    else:
+        strategy = make_async_strategy(name, fraction_evaluate)
+        result = strategy.start(
+            grid=grid,
+            initial_arrays=arrays,
+            train_config=ConfigRecord({"lr": lr}),
+            num_updates=int(context.run_config["num-updates"]),
+        )
+
+    report(name, arrays, result)
+    model_path = str(context.run_config.get("model-path", ""))
+    if model_path:
+        print(f"Saving the final model to {model_path}")
+        torch.save(result.arrays.to_torch_state_dict(), model_path)
+
+
+def report(name: str, initial: ArrayRecord, result: Result) -> None:
+    """Print what the run did: the last federated evaluation and training metrics, the books of an
+    asynchronous run, and how far the model moved."""
+
+    def last(metrics: dict) -> str:
+        if not metrics:
+            return "-"
+        key = max(metrics)
+        return f"#{key} " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                      for k, v in metrics[key].items())
+
+    before, after = initial.to_torch_state_dict(), result.arrays.to_torch_state_dict()
+    moved = math.sqrt(sum(float(((after[k].double() - before[k].double()) ** 2).sum()) for k in before))
+    print(f"[quickstart-async] strategy {name}: model moved by {moved:.4g} (L2)")
+    print(f"[quickstart-async] federated evaluation {last(result.evaluate_metrics_clientapp)}")
+    print(f"[quickstart-async] training metrics {last(result.train_metrics_clientapp)}")
+    books = getattr(result, "books", None)  # asynchronous strategies only
+    if books:
+        print("[quickstart-async] books " + ", ".join(f"{k}={v}" for k, v in books.items()))
