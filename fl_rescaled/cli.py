@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR,
                         format="%(levelname)s %(name)s: %(message)s")
-    for name in ("flwr",):
+    for name in ("flwr", "flwr.fl_rescaled"):
         logging.getLogger(name).setLevel(logging.INFO if args.verbose else logging.ERROR)
     try:
         specs = specs_from_args(args)

@@ -8,8 +8,10 @@ of results (the JSON printed by ``run_sim.py --json``).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -318,6 +320,27 @@ def _start(spec: RunSpec, cfg: dict[str, Any], task, strategy, x0: np.ndarray, g
         train_config.update({"emulate": spec.emulate, "time-unit": spec.time_unit})
         options["worker_config"] = [{"tau": float(t)} for t in spec.taus]
     wall0 = time.perf_counter()
+    with _quiet_strategy_log():
+        _run_strategy(spec, task, strategy, x0, grid, clock, train_config, options)
+    return time.perf_counter() - wall0
+
+
+@contextmanager
+def _quiet_strategy_log():
+    """Experiments report through their outputs: the strategies' per-evaluation INFO lines (which a
+    Flower user sees, as FedAvg's) are left out unless the caller configured the strategies' logger."""
+    logger = logging.getLogger("flwr.fl_rescaled")
+    saved = logger.level
+    if saved == logging.NOTSET:
+        logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(saved)
+
+
+def _run_strategy(spec: RunSpec, task, strategy, x0: np.ndarray, grid: Grid, clock, train_config: dict[str, Any],
+                  options: dict[str, Any]) -> None:
     strategy.start(
         grid=grid,
         initial_arrays=ArrayRecord({"model": Array(x0)}),
@@ -332,7 +355,6 @@ def _start(spec: RunSpec, cfg: dict[str, Any], task, strategy, x0: np.ndarray, g
         partition_query=True,  # the project's ClientApp answers it; taus and weights are per partition
         progress=spec.progress,
     )
-    return time.perf_counter() - wall0
 
 
 def _in_gradient_units(spec: RunSpec, strategy) -> None:

@@ -48,32 +48,58 @@ def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
     return hdr
 
 
+# (dtype, shape) -> (.npy header, dtype name, shape): everything an Array of that layout needs.
+_ENCODE: dict[tuple[np.dtype, tuple[int, ...]], tuple[bytes, str, tuple[int, ...]]] = {}
+# (dtype name, shape) -> (.npy header, dtype, data length), for decoding.
+_DECODE: dict[tuple[str, tuple], tuple[bytes, np.dtype, int] | None] = {}
+
+
 def encode_array(a: np.ndarray) -> Array:
     """``Array(a)`` (the same bytes) without ``np.save``: header and raw data joined in one copy."""
     if type(a) is not np.ndarray or not a.flags.c_contiguous:
         a = np.ascontiguousarray(a)
-    shape = tuple(int(s) for s in a.shape)
-    if a.dtype.hasobject:
-        raise ValueError("object arrays cannot be sent")
-    return Array(dtype=str(a.dtype), shape=shape, stype="numpy.ndarray",
-                 data=b"".join((npy_header(a.dtype, shape), a.reshape(-1).view(np.uint8))))
+    key = (a.dtype, a.shape)
+    ent = _ENCODE.get(key)
+    if ent is None:
+        if a.dtype.hasobject:
+            raise ValueError("object arrays cannot be sent")
+        shape = tuple(int(s) for s in a.shape)
+        ent = _ENCODE[key] = (npy_header(a.dtype, shape), str(a.dtype), shape)
+    hdr, dtype, shape = ent
+    return Array(dtype=dtype, shape=shape, stype="numpy.ndarray", data=b"".join((hdr, a.reshape(-1))))
 
 
 def decode_array(arr: Array) -> np.ndarray:
     """The ndarray an ``Array`` holds: a read-only view of its bytes when they are plain C-order
     ``.npy`` (as ``encode_array`` and ``Array(ndarray)`` write them), else Flower's ``numpy()``."""
     if arr.stype == "numpy.ndarray":
+        shape = arr.shape
+        key = (arr.dtype, shape if type(shape) is tuple else tuple(shape))
         try:
-            dtype = np.dtype(arr.dtype)
-            shape = tuple(int(s) for s in arr.shape)
-        except (TypeError, ValueError):
-            dtype = None
-        if dtype is not None and not dtype.hasobject:
-            hdr = npy_header(dtype, shape)
+            ent = _DECODE[key]
+        except KeyError:
+            ent = _decode_entry(*key)
+        except TypeError:  # an unhashable shape: not ours
+            ent = None
+        if ent is not None:
+            hdr, dtype, size = ent
             data = arr.data
-            if len(data) == len(hdr) + dtype.itemsize * math.prod(shape) and data.startswith(hdr):
-                return np.frombuffer(data, dtype=dtype, offset=len(hdr)).reshape(shape)
+            if len(data) == size and data.startswith(hdr):
+                return np.frombuffer(data, dtype=dtype, offset=len(hdr)).reshape(key[1])
     return arr.numpy()
+
+
+def _decode_entry(dtype_name: str, shape: tuple) -> tuple[bytes, np.dtype, int] | None:
+    try:
+        dtype = np.dtype(dtype_name)
+        dims = tuple(int(d) for d in shape)
+    except (TypeError, ValueError):
+        return None
+    if dtype.hasobject or any(d < 0 for d in dims):
+        return None
+    hdr = npy_header(dtype, dims)
+    ent = _DECODE[(dtype_name, shape)] = (hdr, dtype, len(hdr) + dtype.itemsize * math.prod(dims))
+    return ent
 
 
 @dataclass(frozen=True)
@@ -164,6 +190,24 @@ class ModelLayout:
         ``wrong-dtype`` or ``non-finite``) with a message that names what was expected.
         ``carried_required=False``: the non-float arrays may be left out (a gradient has none).
         """
+        single = self.single
+        if single is not None and len(rec) == 1 and len(self.entries) == 1:  # the hot path: one array
+            try:
+                a = decode_array(rec[single.key])
+            except KeyError:
+                pass
+            except Exception as exc:  # noqa: BLE001 - any undecodable payload is rejected
+                raise RejectedReply("malformed", f"array {single.key!r} cannot be decoded: {exc}") from None
+            else:
+                if a.shape != single.shape:
+                    raise RejectedReply("wrong-shape", f"array {single.key!r} has shape {list(a.shape)}, "
+                                                       f"expected {list(single.shape)}")
+                if a.dtype != single.dtype:
+                    raise RejectedReply("wrong-dtype", f"array {single.key!r} is {a.dtype}, expected {single.dtype}")
+                flat = a.reshape(-1)
+                if check_finite and not np.isfinite(np.dot(flat, flat)) and not np.isfinite(flat).all():
+                    raise RejectedReply("non-finite", f"NaN or infinite values in {single.key!r}")
+                return flat, {}
         keys = list(rec.keys())
         expected = [e.key for e in self.entries]
         if keys != expected:
@@ -213,9 +257,12 @@ def _keys(keys: list[str], limit: int = 6) -> str:
 def array_record_of(content: Any, key: str) -> ArrayRecord:
     """The reply's ArrayRecord: the one named ``key``, or the only one there is (as Flower's FedAvg
     accepts); raises ``RejectedReply`` otherwise."""
-    rec = content.get(key) if key in content else None
-    if isinstance(rec, ArrayRecord):
-        return rec
+    try:
+        rec = content[key]
+        if isinstance(rec, ArrayRecord):
+            return rec
+    except KeyError:
+        pass
     found = [k for k, v in content.items() if isinstance(v, ArrayRecord)]
     if len(found) == 1:
         return content[found[0]]

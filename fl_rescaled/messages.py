@@ -59,11 +59,13 @@ def parse_reply(reply: Message, layout: ModelLayout, *, arrayrecord_key: str = "
 
 
 def reply_metrics(content: RecordDict) -> dict[str, Any]:
-    """The reply's metrics (every MetricRecord's entries; normally there is one)."""
+    """The reply's metrics (every MetricRecord's entries; normally there is one, ``metrics``)."""
+    records = [v for v in content.values() if isinstance(v, MetricRecord)]
+    if len(records) == 1:
+        return dict(records[0])
     out: dict[str, Any] = {}
-    for value in content.values():
-        if isinstance(value, MetricRecord):
-            out.update(value.items())
+    for rec in records:
+        out.update(rec)
     return out
 
 

@@ -592,9 +592,11 @@ class AsyncStrategy(Strategy):
 
 
 def _fmt(metrics: dict[str, Any] | None) -> str:
-    if not metrics:
+    """A metrics dict on one log line (lists, such as per-client losses, left out)."""
+    items = [(k, v) for k, v in (metrics or {}).items() if not isinstance(v, (list, tuple))]
+    if not items:
         return "-"
-    return "{" + ", ".join(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}" for k, v in metrics.items()) + "}"
+    return "{" + ", ".join(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}" for k, v in items) + "}"
 
 
 class _FederatedEvaluation:
