@@ -40,7 +40,7 @@ from flwr.app import ArrayRecord, Context, Message, RecordDict  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
 
 from fl_rescaled.clients.client_app import app as project_client_app  # noqa: E402
-from fl_rescaled import manager as manager_module  # noqa: E402
+from fl_rescaled.manager import ManagerObserver  # noqa: E402
 from fl_rescaled.experiment import RunSpec, run  # noqa: E402
 from fl_rescaled.flower_sim import simulate  # noqa: E402
 
@@ -58,36 +58,19 @@ def sized(spec: RunSpec, n_updates: int) -> RunSpec:
 
 
 # -------------------------------------------------------------------- instrumentation
-class Probe:
-    """Timestamps of applied updates and the time spent waiting for replies (virtual clock)."""
+class Probe(ManagerObserver):
+    """Timestamps of applied updates and the time spent waiting for replies (virtual clock), from
+    the client manager's observer hook."""
 
     def __init__(self) -> None:
         self.stamps: list[float] = []
         self.waits: list[float] = []
-        self._record = manager_module.AsyncClientManager.record_update
-        self._await = manager_module.AsyncClientManager._await  # noqa: SLF001
 
-    def __enter__(self) -> Probe:
-        probe, record, wait = self, self._record, self._await
+    def update_applied(self, worker: int, stepsize: float, version: int) -> None:
+        self.stamps.append(time.perf_counter())
 
-        def record_update(mgr, worker, stepsize):
-            probe.stamps.append(time.perf_counter())
-            return record(mgr, worker, stepsize)
-
-        def timed_await(mgr, job):
-            t0 = time.perf_counter()
-            try:
-                return wait(mgr, job)
-            finally:
-                probe.waits.append(time.perf_counter() - t0)
-
-        manager_module.AsyncClientManager.record_update = record_update
-        manager_module.AsyncClientManager._await = timed_await  # noqa: SLF001
-        return self
-
-    def __exit__(self, *exc) -> None:
-        manager_module.AsyncClientManager.record_update = self._record
-        manager_module.AsyncClientManager._await = self._await  # noqa: SLF001
+    def reply_awaited(self, job, seconds: float) -> None:
+        self.waits.append(seconds)
 
     def per_update(self, warmup: int) -> dict[str, float]:
         s = self.stamps[warmup:]
@@ -104,8 +87,8 @@ class Probe:
 
 
 def measure_run(spec: RunSpec, warmup: int, grid=None) -> dict[str, float]:
-    with Probe() as probe:
-        out = run(spec, grid=grid)
+    probe = Probe()
+    out = run(spec, grid=grid, observers=[probe])
     res = probe.per_update(warmup)
     res["num_updates"] = out["num_updates"]
     return res

@@ -34,13 +34,13 @@ if not _os.path.isdir(_os.path.join(_here, "strategies")) and _os.path.isfile(
 ):
     __path__.append(_root)  # noqa: F821 - the package's own search path
 
-from .clock import DEFAULT_TAUS, DelayModel, VirtualClock, WallClock, tau_stats  # noqa: E402
+from .clock import DEFAULT_TAUS, Clock, DelayModel, VirtualClock, WallClock, tau_stats  # noqa: E402
 from .errors import RejectedReply, RunFailed  # noqa: E402
 from .grid import InProcessGrid  # noqa: E402
 from .layout import ModelLayout  # noqa: E402
-from .manager import AsyncClientManager, Completion, Job  # noqa: E402
+from .manager import AsyncClientManager, Completion, Job, ManagerObserver  # noqa: E402
 from .messages import add_partition_query  # noqa: E402
-from .stepsizes import delay_adaptive_stepsize, rescaled_stepsize, vanilla_stepsize  # noqa: E402
+from .stepsizes import TauTable, delay_adaptive_stepsize, rescaled_stepsize, vanilla_stepsize  # noqa: E402
 from .strategies import (  # noqa: E402
     ASGD,
     STRATEGIES,
@@ -55,6 +55,7 @@ from .strategies import (  # noqa: E402
     RescaledASGD,
     RingleaderASGD,
     VanillaASGD,
+    asgd_variant,
 )
 from .inprocess import run_inprocess  # noqa: E402
 
@@ -62,6 +63,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ASGD",
+    "Clock",
     "DEFAULT_TAUS",
     "OFFLINE_ENV",
     "STRATEGIES",
@@ -76,6 +78,7 @@ __all__ = [
     "FedBuff",
     "InProcessGrid",
     "Job",
+    "ManagerObserver",
     "MaleniaSGD",
     "MinibatchSGD",
     "ModelLayout",
@@ -83,10 +86,12 @@ __all__ = [
     "RescaledASGD",
     "RingleaderASGD",
     "RunFailed",
+    "TauTable",
     "VanillaASGD",
     "VirtualClock",
     "WallClock",
     "add_partition_query",
+    "asgd_variant",
     "delay_adaptive_stepsize",
     "rescaled_stepsize",
     "run_inprocess",

@@ -4,10 +4,13 @@ when installed).
     python run_sim.py                      # the embedded default: Rescaled vs Vanilla ASGD on MNIST
     python run_sim.py --task quadratic --taus 1,2 --quad-a 1,2 --quad-b 4,-3 --lr 0.01 --budget 4000
     python run_sim.py --strategy vanilla --delays exponential --budget 30000 --out runs/x --json
-    python run_sim.py paper [--quick]      # the paper's MNIST study (see fl_rescaled/paper.py)
+    python run_sim.py --strategy fedbuff --fedbuff-buffer-size 5 --reply model --local-steps 3
+    python run_sim.py paper [--quick]      # the paper's MNIST study (see fl_rescaled/paper)
 
-Lists are comma-separated. Bad flags or values exit with status 2 and a one-line error; a run that
-cannot make progress exits with status 1 and the reason.
+Every flag is derived from where its option is declared: a ``RunSpec`` field (``--budget``) or a
+strategy constructor's keyword (``--jobs-per-node`` for every strategy, ``--fedbuff-buffer-size``
+for one). Lists are comma-separated. Bad flags or values exit with status 2 and a one-line error;
+a run that cannot make progress exits with status 1 and the reason.
 """
 
 from __future__ import annotations
@@ -17,10 +20,13 @@ import logging
 import sys
 from typing import Any
 
-from . import RunFailed
+from . import experiment, flower_sim, paper
+from .errors import RunFailed
+from .runspec import RunSpec, spec_fields
+from .strategies import STRATEGIES, options
 
-DEFAULT_BUDGET = 10000.0
-DEFAULT_LR = 1.0
+#: Flags of RunSpec fields handled by the command line itself.
+_SPECIAL = {"strategy", "options"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -29,100 +35,78 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def _floats(text: str) -> list[float]:
-    try:
-        vals = [float(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-    if not vals:
-        raise argparse.ArgumentTypeError("empty list")
-    return vals
+def _typed(parse):
+    def convert(text: str):
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[-1]) from None
+
+    return convert
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from fl_rescaled.strategies import STRATEGIES
-
-    p = _Parser(description="Asynchronous SGD on Flower: Rescaled ASGD and baselines (virtual time).")
-    p.add_argument("--task", default="mnist", help="mnist | quadratic (default mnist)")
+    p = _Parser(description="Asynchronous SGD on Flower: Rescaled ASGD and baselines (in-process, virtual time).")
     p.add_argument("--strategy", default=None,
                    help=f"{' | '.join(STRATEGIES)} | all (default: rescaled and vanilla, compared)")
-    p.add_argument("--delays", default="fixed", help="fixed | exponential compute times (default fixed)")
-    p.add_argument("--taus", type=_floats, default=None, help="compute time per client (default 1,1,2,2,4,4,...)")
-    p.add_argument("--num-clients", type=int, default=None, help="number of clients (default len(taus) or 10)")
-    p.add_argument("--lr", type=float, default=None, help=f"cycle stepsize α (default {DEFAULT_LR:g})")
-    p.add_argument("--budget", type=float, default=None, help=f"simulated time budget (default {DEFAULT_BUDGET:g})")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--eval-every", type=float, default=None, help="evaluation period (default budget/200)")
-    p.add_argument("--weights", type=_floats, default=None, help="target weights w_i (sum to 1; default 1/n)")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--dirichlet-alpha", type=float, default=0.0, help="label skew; 0 = one class per client")
-    p.add_argument("--data-dir", default=None, help="folder with the MNIST IDX files (else cache / download)")
-    p.add_argument("--out", default=None, help="folder for the CSV and PNG outputs")
-    p.add_argument("--quad-a", type=_floats, default=None, help="quadratic curvatures a_i")
-    p.add_argument("--quad-b", type=_floats, default=None, help="quadratic minimisers b_i")
-    p.add_argument("--quad-dim", type=int, default=1)
-    p.add_argument("--quad-x0", type=float, default=0.0, help="quadratic starting point (every coordinate)")
-    p.add_argument("--noise", type=float, default=0.0, help="Gaussian gradient noise σ (quadratic)")
-    p.add_argument("--delay-rule", default="inverse", help="delay-adaptive rule: inverse | authors")
-    t = p.add_argument_group("transport and time")
-    t.add_argument("--engine", default="inprocess",
+    run = p.add_argument_group("the run (RunSpec)")
+    for f in spec_fields():
+        if f.name not in _SPECIAL:
+            default = f"; default {f.default}" if f.default not in (None, "") else ""
+            run.add_argument(f"--{f.key}", type=_typed(f.parse), default=None, metavar=f.kind.upper(),
+                             help=f"{f.help}{default}")
+    common = p.add_argument_group("options of every strategy (AsyncStrategy)")
+    for o in options.common_options():
+        if o.name != "lr":  # (a RunSpec field)
+            _add_option(common, o)
+    for name in STRATEGIES:
+        own = options.strategy_options(name)
+        if own:
+            group = p.add_argument_group(f"options of {name} ({STRATEGIES[name].__name__})")
+            for o in own:
+                _add_option(group, o)
+    p.add_argument("--engine", default="inprocess",
                    help="inprocess (default: our in-process Grid) | flower (Flower's Simulation Engine)")
-    t.add_argument("--clock", default="virtual", help="virtual (simulated time) | wall (arrival order)")
-    t.add_argument("--time-unit", type=float, default=1.0, help="wall clock: seconds per time unit (1)")
-    t.add_argument("--emulate", default="", help="wall clock: fixed | exponential emulated compute times")
-    t.add_argument("--tau-estimator", default="interval", help="wall clock: interval | compute (interval)")
-    t.add_argument("--ttl", type=float, default=3600.0, help="seconds before a job counts as lost (3600)")
-    t.add_argument("--jobs-per-node", type=int, default=1, help="wall clock: jobs in flight per node (1)")
-    t.add_argument("--reply", default=None,
-                   help="gradient | model: what the ClientApp replies with (default: the method's; model = "
-                        "local training, a FedAvg-style reply)")
-    t.add_argument("--local-lr", type=float, default=None,
-                   help="local training's learning rate (default: the α convention, see the README)")
-    g = p.add_argument_group("options of the comparison methods")
-    g.add_argument("--malenia-s", type=float, default=None, help="Malenia's S (default: every worker ≥ 1 gradient)")
-    g.add_argument("--ringleader-restart", action="store_true",
-                   help="Ringleader: restart non-triggering workers on the current model (the public code)")
-    g.add_argument("--concurrency", type=int, default=None, help="Concurrent ASGD's jobs in flight τ_C (n)")
-    g.add_argument("--local-steps", type=int, default=1, help="FedAsync H / FedBuff Q local SGD steps (1)")
-    g.add_argument("--fedasync-mixing", type=float, default=0.6, help="FedAsync mixing weight (0.6)")
-    g.add_argument("--fedasync-staleness", default="polynomial", help="constant | polynomial | hinge")
-    g.add_argument("--fedbuff-buffer", type=int, default=3, help="FedBuff buffer size K (3)")
-    g.add_argument("--staleness-exponent", type=float, default=0.5, help="FedBuff's p in 1/(1+δ)^p (0.5)")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last stdout line")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("-v", "--verbose", action="store_true", help="the strategies' and Flower's INFO log")
     return p
 
 
-def specs_from_args(args: argparse.Namespace) -> list[Any]:
-    from fl_rescaled.experiment import RunSpec
-
-    from fl_rescaled.strategies import STRATEGIES
-
-    if args.strategy is None:
-        strategies = ["rescaled", "vanilla"]
-    elif args.strategy == "all":
-        strategies = list(STRATEGIES)
+def _add_option(group, o: options.Option) -> None:
+    default = f" (default {o.default})" if o.default is not None else ""
+    dest = f"opt:{o.strategy or ''}:{o.name}"
+    if o.kind == "bool":
+        group.add_argument(f"--{o.key}", dest=dest, action="store_true", default=None, help=o.help + default)
     else:
-        strategies = [args.strategy]
+        group.add_argument(f"--{o.key}", dest=dest, type=_typed(o.parse), default=None, metavar=o.kind.upper(),
+                           help=o.help + default)
+
+
+def specs_from_args(args: argparse.Namespace) -> list[RunSpec]:
+    """One resolved ``RunSpec`` per strategy asked for, from the flags that were given."""
+    if args.strategy is None:
+        names = ["rescaled", "vanilla"]
+    elif args.strategy == "all":
+        names = list(STRATEGIES)
+    elif args.strategy in STRATEGIES:
+        names = [args.strategy]
+    else:
+        raise ValueError(f"unknown strategy {args.strategy!r}; choose one of {', '.join(STRATEGIES)} or all")
+    given = {k: v for k, v in vars(args).items() if v is not None}
+    fields = {f.name: given[f.key.replace("-", "_")] for f in spec_fields()
+              if f.name not in _SPECIAL and f.key.replace("-", "_") in given}
+    chosen = set(names)
+    for key in given:
+        if key.startswith("opt:") and key.split(":")[1] and key.split(":")[1] not in chosen:
+            raise ValueError(f"--{key.split(':')[1]}-… options apply to strategy {key.split(':')[1]!r}, "
+                             f"which this run does not use")
     specs = []
-    for name in strategies:
-        spec = RunSpec(
-            task=args.task, strategy=name, lr=args.lr if args.lr is not None else DEFAULT_LR,
-            delays=args.delays, taus=args.taus, num_clients=args.num_clients,
-            budget=args.budget if args.budget is not None else DEFAULT_BUDGET, seed=args.seed,
-            eval_every=args.eval_every, weights=args.weights, batch_size=args.batch_size,
-            dirichlet_alpha=args.dirichlet_alpha, data_dir=args.data_dir, quad_a=args.quad_a,
-            quad_b=args.quad_b, quad_dim=args.quad_dim, quad_x0=args.quad_x0, noise=args.noise,
-            delay_rule=args.delay_rule, out=args.out, malenia_s=args.malenia_s,
-            ringleader_restart=args.ringleader_restart, concurrency=args.concurrency, local_steps=args.local_steps,
-            fedasync_mixing=args.fedasync_mixing, fedasync_staleness=args.fedasync_staleness,
-            fedbuff_buffer=args.fedbuff_buffer, staleness_exponent=args.staleness_exponent,
-            clock=args.clock, time_unit=args.time_unit, emulate=args.emulate, tau_estimator=args.tau_estimator,
-            ttl=args.ttl, jobs_per_node=args.jobs_per_node, reply=args.reply, local_lr=args.local_lr,
-            progress=not args.no_progress and sys.stderr.isatty(),
-        )
-        specs.append(spec.resolved())
+    for name in names:
+        opts = {key.split(":")[2]: v for key, v in given.items()
+                if key.startswith("opt:") and key.split(":")[1] in ("", name)}
+        spec = RunSpec(strategy=name, options=opts, progress=not args.no_progress and sys.stderr.isatty(), **fields)
+        specs.append(experiment.resolve(spec))
     return specs
 
 
@@ -152,9 +136,7 @@ def print_table(outcomes: list[dict[str, Any]]) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "paper":  # the paper's study: python run_sim.py paper [--quick] ...
-        from fl_rescaled.paper import main as paper_main
-
-        return paper_main(argv[1:])
+        return paper.main(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR,
                         format="%(levelname)s %(name)s: %(message)s")
@@ -167,22 +149,16 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         sys.stderr.write(f"run_sim.py: error: {exc}\n")
         return 2
-    from fl_rescaled.experiment import to_json
-
     for spec in specs:
         if not args.json:
             print(f"{'queued' if args.engine == 'flower' else 'running'} {spec.strategy} on {spec.task}: "
                   f"α={spec.lr:g}, {spec.delays} τ={spec.taus}, budget={spec.budget:g}", flush=True)
     try:
         if args.engine == "flower":  # one Flower simulation (one Ray start) for all the runs
-            from fl_rescaled.flower_sim import run_many_on_flower
-
-            outcomes = run_many_on_flower(specs)
+            outcomes = flower_sim.run_many_on_flower(specs)
         else:
-            from fl_rescaled.experiment import run
-
-            outcomes = [run(spec) for spec in specs]
-    except RunFailed as exc:
+            outcomes = [experiment.run(spec) for spec in specs]
+    except (RunFailed, flower_sim.FlowerRunError) as exc:
         sys.stderr.write(f"run_sim.py: run failed: {exc}\n")
         return 1
     if outcomes and outcomes[0].get("data_source") and not args.json:
@@ -192,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         if o.get("csv"):
             print(f"wrote {o['csv']} and {o['png']}")
     if args.json:
-        print(to_json(outcomes[-1]) if len(outcomes) == 1 else "[" + ",".join(to_json(o) for o in outcomes) + "]")
+        print(experiment.to_json(outcomes[-1]) if len(outcomes) == 1
+              else "[" + ",".join(experiment.to_json(o) for o in outcomes) + "]")
     return 0
 
 

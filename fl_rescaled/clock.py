@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -79,6 +80,19 @@ class DelayModel:
 
     def __repr__(self) -> str:
         return f"DelayModel(kind={self.kind!r}, taus={list(self.taus)}, seed={self.seed})"
+
+
+@runtime_checkable
+class Clock(Protocol):
+    """What the client manager needs of a clock. ``VirtualClock`` also has ``delays`` and
+    ``job_duration(worker)``; ``WallClock`` has ``time_unit`` and ``restart()``."""
+
+    virtual: bool
+
+    @property
+    def now(self) -> float: ...
+
+    def advance(self, t: float) -> None: ...
 
 
 class VirtualClock:

@@ -1,18 +1,19 @@
-"""One simulated run, described by a ``RunSpec``: shared by ``run_sim.py`` and the ServerApp.
+"""One simulated run, described by a ``RunSpec``: shared by ``run_sim.py``, the ServerApp and the study.
 
-``run(spec)`` builds the task, the strategy, the virtual clock and (by default) the in-process
-Grid, runs the strategy's asynchronous loop, writes the CSV/PNG outputs and returns a flat dict
-of results (the JSON printed by ``run_sim.py --json``).
+``run(spec)`` builds the task, the strategy (from the registry, with ``spec.options``), the clock
+and (by default) the in-process Grid with the project's ClientApp, runs the strategy's asynchronous
+loop, writes the CSV/PNG outputs and returns a flat dict of results (the JSON printed by
+``run_sim.py --json``). ``run_batch`` runs several α and seeds that share an event order in one loop.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
-import math
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,180 +21,48 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, MetricRecord
 from flwr.serverapp import Grid
 
-from .clock import DELAY_KINDS, DelayModel, VirtualClock, WallClock, tau_stats
 from .checkpoints import save_checkpoint
+from .clients.client_app import app as client_app
+from .clock import Clock, DelayModel, VirtualClock, WallClock, tau_stats
+from .grid import InProcessGrid
+from .manager import ManagerObserver
 from .metrics import plot_curves, write_history_csv
+from .runspec import RunSpec, default_taus
 from .stepsizes import vanilla_stepsize
-from .tasks import TASKS, get_task, task_spec
+from .strategies import AsyncStrategy, options
+from .tasks import get_task, task_spec
+
+__all__ = ["RunSpec", "default_taus", "local_training", "make_strategy", "run", "run_batch", "to_json"]
+
+#: Where this runner's defaults differ from a strategy's: the project's ClientApp has no
+#: ``@app.evaluate`` (runs are scored centrally), so no federated evaluation.
+RUNNER_DEFAULTS = {"fraction_evaluate": 0.0}
 
 
-def default_taus(n: int) -> list[float]:
-    """Harmonic compute times, two workers per power of two: 1,1,2,2,4,4,... (the paper's for n=10)."""
-    return [float(2 ** (i // 2)) for i in range(n)]
+def make_strategy(spec: RunSpec) -> AsyncStrategy:
+    """The strategy a spec names, with α, ``spec.options`` and the runner's defaults (Concurrent
+    ASGD's worker draws are seeded by the run's seed unless its own seed is given)."""
+    values = {**RUNNER_DEFAULTS, **spec.options}
+    if spec.lr is not None:
+        values["lr"] = spec.lr
+    if spec.strategy == "concurrent":
+        values.setdefault("seed", spec.seed)
+    return options.build(spec.strategy, values)
 
 
-@dataclass
-class RunSpec:
-    """Everything that defines one run (the command line's flags, the app's run_config)."""
-
-    task: str = "mnist"
-    strategy: str = "rescaled"
-    lr: float = 1.0
-    delays: str = "fixed"
-    taus: list[float] | None = None
-    num_clients: int | None = None  # default: len(taus), else len(quad_b), else 10
-    budget: float = 1000.0
-    seed: int = 0
-    eval_every: float | None = None
-    weights: list[float] | None = None
-    batch_size: int = 64
-    dirichlet_alpha: float = 0.0
-    data_dir: str | None = None
-    quad_a: list[float] | None = None
-    quad_b: list[float] | None = None
-    quad_dim: int = 1
-    quad_x0: float = 0.0
-    noise: float = 0.0
-    delay_rule: str = "inverse"
-    # options of the comparison methods (algorithms.md; defaults there)
-    malenia_s: float | None = None  # None: every worker ≥ 1 gradient per round
-    ringleader_restart: bool = False  # the public code's "restart on the current model"
-    concurrency: int | None = None  # Concurrent ASGD's τ_C (default n)
-    local_steps: int = 1  # FedAsync H / FedBuff Q
-    local_lr: float | None = None  # local training's learning rate (default: the α convention)
-    reply: str | None = None  # "gradient" | "model" (default: the method's)
-    fedasync_mixing: float = 0.6
-    fedasync_staleness: str = "polynomial"
-    fedasync_a: float = 0.5
-    fedasync_b: int = 4
-    fedasync_prox: float = 0.0
-    fedbuff_buffer: int = 3
-    fedbuff_server_lr: float = 1.0
-    staleness_exponent: float = 0.5  # FedBuff's p
-    # transport and time (Flower runtimes, deployment)
-    clock: str = "virtual"  # "virtual" (simulated time) | "wall" (arrival order, online τ estimates)
-    time_unit: float = 1.0  # wall clock: seconds per time unit (budget, τ and emulated delays use it)
-    emulate: str = ""  # wall clock: "" | "fixed" | "exponential": clients sleep τ_i time units per job
-    tau_estimator: str = "interval"  # wall clock: "interval" (between deliveries) | "compute" (reported)
-    ttl: float = 3600.0  # seconds a job may take before it counts as lost
-    jobs_per_node: int = 1  # wall clock: jobs kept in flight per node
-    out: str | None = None
-    progress: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def resolved(self) -> RunSpec:
-        """Fill defaults that depend on other fields and validate; raises ValueError."""
-        from fl_rescaled.strategies import STRATEGIES
-
-        s = RunSpec(**{**asdict(self)})
-        if s.task not in TASKS:
-            raise ValueError(f"unknown task {s.task!r}; choose one of {', '.join(TASKS)}")
-        if s.strategy not in STRATEGIES:
-            raise ValueError(f"unknown strategy {s.strategy!r}; choose one of {', '.join(STRATEGIES)}")
-        if s.delays not in DELAY_KINDS:
-            raise ValueError(f"unknown delays {s.delays!r}; choose one of {', '.join(DELAY_KINDS)}")
-        if s.num_clients is None:
-            guesses = [s.taus, s.quad_b if s.task == "quadratic" else None, s.weights]
-            s.num_clients = next((len(g) for g in guesses if g), 10)
-        if s.num_clients < 1:
-            raise ValueError("--num-clients must be at least 1")
-        if s.taus is None:
-            s.taus = default_taus(s.num_clients)
-        if len(s.taus) != s.num_clients:
-            raise ValueError(f"--taus has {len(s.taus)} values for {s.num_clients} clients")
-        if any(not (t > 0 and math.isfinite(t)) for t in s.taus):
-            raise ValueError("every compute time in --taus must be positive")
-        if not (s.lr > 0 and math.isfinite(s.lr)):
-            raise ValueError("--lr (α) must be positive")
-        if not (s.budget > 0 and math.isfinite(s.budget)):
-            raise ValueError("--budget must be positive")
-        if s.eval_every is not None and not s.eval_every > 0:
-            raise ValueError("--eval-every must be positive")
-        if s.batch_size < 1:
-            raise ValueError("--batch-size must be at least 1")
-        if s.dirichlet_alpha < 0:
-            raise ValueError("--dirichlet-alpha must be non-negative")
-        if s.noise < 0:
-            raise ValueError("--noise must be non-negative")
-        if s.weights is not None:
-            if len(s.weights) != s.num_clients:
-                raise ValueError(f"--weights has {len(s.weights)} values for {s.num_clients} clients")
-            if any(w < 0 for w in s.weights) or abs(sum(s.weights) - 1.0) > 1e-6:
-                raise ValueError("--weights must be non-negative and sum to 1")
-        if s.task == "quadratic":
-            if s.quad_a is None:
-                s.quad_a = [1.0] * s.num_clients
-            if s.quad_b is None:
-                s.quad_b = [float(i) for i in range(s.num_clients)]
-            if len(s.quad_a) != s.num_clients or len(s.quad_b) != s.num_clients:
-                raise ValueError("--quad-a and --quad-b need one value per client")
-            if any(a <= 0 for a in s.quad_a):
-                raise ValueError("--quad-a values must be positive")
-            if s.quad_dim < 1:
-                raise ValueError("--quad-dim must be at least 1")
-        if s.clock not in ("virtual", "wall"):
-            raise ValueError("--clock must be virtual or wall")
-        if s.emulate not in ("", "fixed", "exponential"):
-            raise ValueError("--emulate must be fixed or exponential")
-        if s.tau_estimator not in ("interval", "compute"):
-            raise ValueError("--tau-estimator must be interval or compute")
-        if not (s.time_unit > 0 and s.ttl > 0 and s.jobs_per_node >= 1):
-            raise ValueError("--time-unit and --ttl must be positive and --jobs-per-node at least 1")
-        if s.concurrency is not None and not 1 <= s.concurrency <= s.num_clients:
-            raise ValueError(f"--concurrency must be in 1..{s.num_clients}")
-        make_strategy(s)  # the strategy's own checks of its options
-        return s
-
-    def task_config(self) -> dict[str, Any]:
-        cfg: dict[str, Any] = {
-            "task": self.task,
-            "seed": self.seed,
-            "num-partitions": self.num_clients,
-            "batch-size": self.batch_size,
-        }
-        if self.weights is not None:
-            cfg["weights"] = list(self.weights)
-        if self.task == "mnist":
-            cfg["dirichlet-alpha"] = self.dirichlet_alpha
-            if self.data_dir:
-                cfg["data-dir"] = str(self.data_dir)
-        else:
-            cfg.update({"quad-a": list(self.quad_a or []), "quad-b": list(self.quad_b or []),
-                        "quad-dim": self.quad_dim, "noise": self.noise})
-        return cfg
+def resolve(spec: RunSpec) -> RunSpec:
+    """``spec.resolved()``, with the strategy's own checks of its options (a bad one fails here)."""
+    s = spec.resolved()
+    strategy = make_strategy(s)
+    if s.lr is None:
+        s.lr = strategy.lr
+    concurrency = getattr(strategy, "concurrency", None)
+    if concurrency is not None and concurrency > s.num_clients:
+        raise ValueError(f"--concurrent-concurrency must be in 1..{s.num_clients}")
+    return s
 
 
-def make_strategy(spec: RunSpec):
-    """The strategy a spec names, with its options (no federated evaluation: the project's
-    ClientApp has no ``@app.evaluate``; runs are scored centrally)."""
-    import fl_rescaled.strategies as S
-
-    common = {"lr": spec.lr, "fraction_evaluate": 0.0, "jobs_per_node": spec.jobs_per_node}
-    if spec.reply is not None:
-        common["reply"] = spec.reply
-    name = spec.strategy
-    if name in ("malenia", "ringleader", "minibatch", "concurrent"):
-        del common["jobs_per_node"]
-    if name == "rescaled":
-        return S.RescaledASGD(weights=spec.weights, **common)
-    if name == "delay-adaptive":
-        return S.DelayAdaptiveASGD(rule=spec.delay_rule, **common)
-    if name == "malenia":
-        return S.MaleniaSGD(S=spec.malenia_s, **common)
-    if name == "ringleader":
-        return S.RingleaderASGD(restart_on_current=spec.ringleader_restart, **common)
-    if name == "concurrent":
-        return S.ConcurrentASGD(seed=spec.seed, concurrency=spec.concurrency, **common)
-    if name == "fedasync":
-        return S.FedAsync(mixing=spec.fedasync_mixing, staleness=spec.fedasync_staleness, a=spec.fedasync_a,
-                          b=spec.fedasync_b, **common)
-    if name == "fedbuff":
-        return S.FedBuff(buffer_size=spec.fedbuff_buffer, server_lr=spec.fedbuff_server_lr,
-                         staleness_exponent=spec.staleness_exponent, **common)
-    return S.STRATEGIES[name](**common)
-
-
-def local_training(spec: RunSpec, strategy) -> dict[str, Any]:
+def local_training(spec: RunSpec, strategy: AsyncStrategy) -> dict[str, Any]:
     """The job config of local training when the strategy takes model replies, else {}.
 
     The local learning rate keeps the α convention (experiments.md) unless ``local_lr`` is set:
@@ -208,12 +77,12 @@ def local_training(spec: RunSpec, strategy) -> dict[str, Any]:
     if spec.local_lr is not None:
         lr = spec.local_lr
     elif spec.strategy == "fedasync":
-        lr = vanilla_stepsize(spec.taus, spec.lr) / (strategy.mixing * H)
+        lr = vanilla_stepsize(spec.taus, strategy.lr) / (strategy.mixing * H)
     elif spec.strategy == "fedbuff":
-        lr = vanilla_stepsize(spec.taus, spec.lr) * strategy.K / (strategy.server_lr * H)
+        lr = vanilla_stepsize(spec.taus, strategy.lr) * strategy.K / (strategy.server_lr * H)
     else:
         lr = 1.0 / H
-    return {"mode": "local", "local-steps": H, "local-lr": float(lr), "prox": spec.fedasync_prox}
+    return {"mode": "local", "local-steps": H, "local-lr": float(lr), "prox": spec.prox}
 
 
 def make_evaluate_fn(task):
@@ -225,13 +94,14 @@ def make_evaluate_fn(task):
     return evaluate
 
 
-def run(spec: RunSpec, grid: Grid | None = None, *, clock: VirtualClock | WallClock | None = None) -> dict[str, Any]:
+def run(spec: RunSpec, grid: Grid | None = None, *, clock: Clock | None = None,
+        observers: list[ManagerObserver] | None = None) -> dict[str, Any]:
     """Run one experiment; return its results as a flat, JSON-ready dict."""
-    spec = spec.resolved()
+    spec = resolve(spec)
     cfg = spec.task_config()
     task = get_task(cfg)
     strategy = make_strategy(spec)
-    wall = _start(spec, cfg, task, strategy, task.initial_params(spec.seed, spec.quad_x0), grid, clock)
+    wall = _start(spec, cfg, task, strategy, task.initial_params(spec.seed, spec.quad_x0), grid, clock, observers)
     _in_gradient_units(spec, strategy)
     params = strategy.x.copy()
     out = _outcome(spec, strategy, strategy.history, params, wall, task)
@@ -258,7 +128,7 @@ def run_batch(spec: RunSpec, lrs: list[float], seeds: list[int]) -> list[dict[st
     turns non-finite is frozen and counted under ``rejected["non-finite"]`` instead of being
     rejected for every replica.
     """
-    spec = spec.resolved()
+    spec = resolve(spec)
     if len(lrs) != len(seeds) or not lrs:
         raise ValueError("run_batch needs one seed per α")
     if spec.task != "mnist" or spec.clock != "virtual":
@@ -270,7 +140,7 @@ def run_batch(spec: RunSpec, lrs: list[float], seeds: list[int]) -> list[dict[st
     task = get_task(cfg)
     strategy = make_strategy(spec)
     strategy.set_replicas([float(a) for a in lrs])
-    wall = _start(spec, cfg, task, strategy, task.initial_params(), None, None)
+    wall = _start(spec, cfg, task, strategy, task.initial_params())
     R, P = len(lrs), task.base.size
     n = spec.num_clients or task.num_workers
     params = strategy.x.reshape(R, P).copy()
@@ -286,7 +156,7 @@ def run_batch(spec: RunSpec, lrs: list[float], seeds: list[int]) -> list[dict[st
             if "client_losses" in row:
                 h["client_losses"] = row["client_losses"][r * n:(r + 1) * n]
             hist.append(h)
-        rspec = RunSpec(**{**asdict(spec), "lr": float(lr), "seed": int(seed)})
+        rspec = dataclasses.replace(spec, lr=float(lr), seed=int(seed))
         out = _outcome(rspec, strategy, hist, params[r], wall / R, task)
         out["cumulative_stepsize"] = strategy.manager.stepsize_sum * lr
         if r in strategy.frozen_replicas:
@@ -297,36 +167,45 @@ def run_batch(spec: RunSpec, lrs: list[float], seeds: list[int]) -> list[dict[st
     return outs
 
 
-def _start(spec: RunSpec, cfg: dict[str, Any], task, strategy, x0: np.ndarray, grid: Grid | None,
-           clock: VirtualClock | WallClock | None) -> float:
+def _start(spec: RunSpec, cfg: dict[str, Any], task, strategy: AsyncStrategy, x0: np.ndarray,
+           grid: Grid | None = None, clock: Clock | None = None,
+           observers: list[ManagerObserver] | None = None) -> float:
     """Build the grid and clock the spec asks for (unless given), run the strategy's loop on them;
     return the wall seconds the loop took."""
     if grid is None:
-        from fl_rescaled.clients.client_app import app as client_app
-
-        from .grid import InProcessGrid
-
         # On the wall clock every node computes on its own thread, as real nodes would.
         grid = InProcessGrid(client_app, spec.num_clients, seed=spec.seed, threaded=spec.clock == "wall")
     train_config: dict[str, Any] = {"task": task_spec(cfg), **local_training(spec, strategy)}
-    options: dict[str, Any] = {"tau_estimator": spec.tau_estimator}
+    manager_options: dict[str, Any] = {"tau_estimator": spec.tau_estimator}
     if clock is None:
-        if spec.clock == "wall":
-            clock = WallClock(spec.time_unit)
-        else:
-            clock = VirtualClock(DelayModel(spec.taus, spec.delays, spec.seed))
+        clock = WallClock(spec.time_unit) if spec.clock == "wall" else VirtualClock(
+            DelayModel(spec.taus, spec.delays, spec.seed))
     if not clock.virtual and spec.emulate:
         # Clients sleep τ_i time units per job (τ_i from their node config if set there, else this).
         train_config.update({"emulate": spec.emulate, "time-unit": spec.time_unit})
-        options["worker_config"] = [{"tau": float(t)} for t in spec.taus]
+        manager_options["worker_config"] = [{"tau": float(t)} for t in spec.taus]
     wall0 = time.perf_counter()
     with _quiet_strategy_log():
-        _run_strategy(spec, task, strategy, x0, grid, clock, train_config, options)
+        strategy.start(
+            grid=grid,
+            initial_arrays=ArrayRecord({"model": Array(x0)}),
+            time_budget=spec.budget,
+            train_config=train_config,
+            timeout=spec.ttl,
+            manager_options=manager_options,
+            evaluate_fn=make_evaluate_fn(task),
+            clock=clock,
+            eval_every=spec.eval_every or spec.budget / 200.0,
+            num_workers=spec.num_clients,
+            partition_query=True,  # the project's ClientApp answers it; taus and weights are per partition
+            progress=spec.progress,
+            observers=observers,
+        )
     return time.perf_counter() - wall0
 
 
 @contextmanager
-def _quiet_strategy_log():
+def _quiet_strategy_log() -> Iterator[None]:
     """Experiments report through their outputs: the strategies' per-evaluation INFO lines (which a
     Flower user sees, as FedAvg's) are left out unless the caller configured the strategies' logger."""
     logger = logging.getLogger("flwr.fl_rescaled")
@@ -339,31 +218,14 @@ def _quiet_strategy_log():
         logger.setLevel(saved)
 
 
-def _run_strategy(spec: RunSpec, task, strategy, x0: np.ndarray, grid: Grid, clock, train_config: dict[str, Any],
-                  options: dict[str, Any]) -> None:
-    strategy.start(
-        grid=grid,
-        initial_arrays=ArrayRecord({"model": Array(x0)}),
-        time_budget=spec.budget,
-        train_config=train_config,
-        timeout=spec.ttl,
-        manager_options=options,
-        evaluate_fn=make_evaluate_fn(task),
-        clock=clock,
-        eval_every=spec.eval_every or spec.budget / 200.0,
-        num_workers=spec.num_clients,
-        partition_query=True,  # the project's ClientApp answers it; taus and weights are per partition
-        progress=spec.progress,
-    )
-
-
-def _in_gradient_units(spec: RunSpec, strategy) -> None:
+def _in_gradient_units(spec: RunSpec, strategy: AsyncStrategy) -> None:
     """Model replies: a pseudo-gradient is about η · H gradients, so the books' cumulative stepsize
     (the server's multipliers) is scaled by η · H to compare with the gradient methods'."""
     local = local_training(spec, strategy)
     if not local:
         return
     scale = local["local-lr"] * local["local-steps"]
+    assert strategy.manager is not None
     strategy.manager.stepsize_sum *= scale
     for row in strategy.history:
         row["cumulative_stepsize"] *= scale
@@ -377,7 +239,7 @@ def _outcome(spec: RunSpec, strategy, history: list[dict[str, Any]], params: np.
     out: dict[str, Any] = {
         "strategy": spec.strategy,
         "task": spec.task,
-        "lr": spec.lr,
+        "lr": spec.lr if spec.lr is not None else strategy.lr,
         "budget": spec.budget,
         "seed": spec.seed,
         "delays": spec.delays,

@@ -35,7 +35,9 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore.run import Run
 
-from .experiment import RunSpec, run
+from .clients.client_app import app as project_client_app
+from .experiment import RunSpec, resolve, run
+from .inprocess import app_run_config
 
 log = logging.getLogger("fl_rescaled")
 T = TypeVar("T")
@@ -155,10 +157,10 @@ def simulate(
     """
     if num_supernodes < 1:
         raise ValueError("num_supernodes must be at least 1")
-    from flwr.simulation import run_simulation
+    from flwr.simulation import run_simulation  # (Ray, loaded only when a simulation runs)
 
     if client_app is None:
-        from fl_rescaled.clients.client_app import app as client_app
+        client_app = project_client_app
     config = dict(run_config or {})
     if config:
         client_app = _RunConfigClientApp(client_app, config)
@@ -214,8 +216,6 @@ def run_on_flower_engine(server_app: ServerApp, client_app: ClientApp, num_super
     """Run a user's ServerApp / ClientApp pair on Flower's Simulation Engine with ``run_config``
     (with ``app_dir``: overrides of the app's ``[tool.flwr.app.config]``); returns the ServerApp's
     Context. The counterpart of ``fl_rescaled.run_inprocess``."""
-    from .inprocess import app_run_config
-
     config = app_run_config(app_dir, run_config) if app_dir is not None else dict(run_config or {})
 
     def main(grid: Grid, context: Context) -> Context:
@@ -235,7 +235,7 @@ def run_many_on_flower(specs: Sequence[RunSpec], *, num_cpus: int = 2, verbose: 
     included). Raises ``FlowerRunError`` if a run or the engine failed; its ``outcomes``
     attribute holds the runs that finished before.
     """
-    resolved = [s.resolved() for s in specs]  # validation errors surface before Ray starts
+    resolved = [resolve(s) for s in specs]  # validation errors surface before Ray starts
     if not resolved:
         return []
     outcomes: list[dict[str, Any]] = []

@@ -14,7 +14,9 @@ clock.
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 import numpy as np
@@ -46,8 +48,6 @@ def tune_allocator() -> bool:
     if _ALLOCATOR_TUNED:
         return True
     try:
-        import ctypes
-
         libc = ctypes.CDLL("libc.so.6")
         m_trim_threshold, m_mmap_threshold = -1, -3
         ok = libc.mallopt(m_mmap_threshold, 256 << 20) == 1 and libc.mallopt(m_trim_threshold, 512 << 20) == 1
@@ -154,8 +154,6 @@ class InProcessGrid(Grid):
             if self.threaded:
                 nid = msg.metadata.dst_node_id
                 if nid not in self._executors:
-                    from concurrent.futures import ThreadPoolExecutor
-
                     self._executors[nid] = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"node{nid}")
                 self._futures[mid] = self._executors[nid].submit(self._execute, msg)
             else:
@@ -191,8 +189,6 @@ class InProcessGrid(Grid):
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         ids = list(self.push_messages(messages))
         if self.threaded:
-            from concurrent.futures import wait
-
             wait([self._futures[m] for m in ids if m in self._futures], timeout=timeout)
         return self.pull_messages(ids)
 

@@ -1,55 +1,54 @@
-"""The Flower ServerApp: reads the run config, runs one asynchronous strategy on the given Grid.
+"""The project's Flower ServerApp: reads the run config, runs one asynchronous strategy on the Grid.
 
 Used by ``flwr run .`` (Simulation Engine or a deployment); ``run_sim.py`` runs the same
-``fl_rescaled.experiment.run`` on the in-process Grid. Keys are those of
-``[tool.flwr.app.config]`` in pyproject.toml; lists are comma-separated strings.
+``fl_rescaled.experiment.run`` on the in-process Grid. The run-config keys are the ``RunSpec``
+fields (``eval-every``, ``taus = "1,2"``; an empty string keeps the field's default) plus
+``strategy-options``, the strategy's constructor options as ``"key=value ..."`` (the command line's
+flags without ``--``: ``"fedbuff-buffer-size=5 jobs-per-node=2"``). ``pyproject.toml`` must list
+exactly these keys, which Flower requires (``tests/test_server_app.py`` checks it).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import fields
 from typing import Any
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from .experiment import RunSpec, run, to_json
+from .runspec import spec_fields
+from .strategies import options
 
-log = logging.getLogger("fl_rescaled")
+log = logging.getLogger("flwr.fl_rescaled")
 
 app = ServerApp()
 
-_LISTS = {"taus", "weights", "quad_a", "quad_b"}
+#: The run-config keys besides the RunSpec fields.
+STRATEGY_OPTIONS_KEY = "strategy-options"
+
+
+def run_config_keys() -> set[str]:
+    """Every key the ServerApp reads (what ``[tool.flwr.app.config]`` must declare)."""
+    return {f.key for f in spec_fields()} | {STRATEGY_OPTIONS_KEY}
 
 
 def spec_from_run_config(cfg: dict[str, Any]) -> RunSpec:
-    """Map a Flower run config (``lr``, ``batch-size``, ``taus = "1,2"``...) onto a ``RunSpec``."""
-    names = {f.name for f in fields(RunSpec)} - {"extra", "progress"}
-    kw: dict[str, Any] = {}
+    """Map a Flower run config onto a ``RunSpec``; raises ValueError naming a bad key or value."""
+    by_key = {f.key: f for f in spec_fields()}
+    values: dict[str, Any] = {}
     for key, value in cfg.items():
-        name = key.replace("-", "_")
-        if name not in names:
+        if key == STRATEGY_OPTIONS_KEY:
             continue
+        if key not in by_key:
+            raise ValueError(f"unknown run-config key {key!r}; the keys are {', '.join(sorted(run_config_keys()))}")
         if isinstance(value, str) and value.strip() == "":
-            continue
-        if name in _LISTS:
-            value = [float(v) for v in str(value).split(",") if v.strip()]
-        kw[name] = value
-    for name in ("lr", "budget", "eval_every", "dirichlet_alpha", "quad_x0", "noise", "time_unit", "ttl",
-                 "fedasync_mixing", "staleness_exponent", "malenia_s", "local_lr"):
-        if name in kw:
-            kw[name] = float(kw[name])
-    for name in ("seed", "batch_size", "quad_dim", "num_clients", "jobs_per_node", "concurrency", "local_steps",
-                 "fedbuff_buffer"):
-        if name in kw:
-            kw[name] = int(kw[name])
-    for name in ("num_clients", "concurrency", "malenia_s", "local_lr"):  # 0 stands for "not set"
-        if kw.get(name) == 0:
-            del kw[name]
-    if "ringleader_restart" in kw:
-        kw["ringleader_restart"] = str(kw["ringleader_restart"]).lower() in ("1", "true", "yes")
-    return RunSpec(**kw)
+            continue  # the field's default
+        f = by_key[key]
+        values[f.name] = f.parse(str(value) if not isinstance(value, list) else ",".join(map(str, value)))
+    spec = RunSpec(**values)
+    spec.options = options.parse_options(spec.strategy, str(cfg.get(STRATEGY_OPTIONS_KEY, "")))
+    return spec
 
 
 @app.main()

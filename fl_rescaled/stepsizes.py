@@ -1,12 +1,40 @@
-"""Stepsize rules, as small pure functions of (worker, τ estimates, delay, configuration).
+"""Stepsize and staleness rules: small pure functions, and the factories that compose them.
 
-Every rule is normalised by the cycle stepsize α (experiments.md): the stepsizes applied during
-τ_max time units add up to α. ``taus`` are the (estimated) mean compute times of all workers.
+Every ASGD stepsize is normalised by the cycle stepsize α (experiments.md): the stepsizes applied
+during τ_max time units add up to α. A **rule** is a pure function ``rule(alpha, worker, taus, delay)
+-> γ`` of the worker, the τ estimates (a ``TauTable``), the reply's delay δ = k − v and the rule's
+own configuration (captured by its factory, as in optax). A **staleness** function maps a step and
+the delay to a discounted step, ``staleness(gamma, delay, n) -> γ'``; ``scaled_by(rule, staleness)``
+composes the two. ``RULES`` and ``STALENESS`` name the factories the strategies are built from.
+
+The formulas are written once, as scalar functions (``rescaled_step``, ``vanilla_step``, ...), and
+evaluated in the same order whatever calls them, so a run's trajectory does not depend on which
+path computed its steps.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import heapq
+import math
+from collections.abc import Callable, Sequence
+
+Rule = Callable[[float, int, "TauTable", int], float]
+Staleness = Callable[[float, int, int], float]
+
+
+# ------------------------------------------------------------------------------- the formulas
+def rescaled_step(alpha: float, share: float, tau_i: float, tau_max: float) -> float:
+    """Rescaled ASGD: γ_i = α · w_i · τ_i / τ_max."""
+    return alpha * share * tau_i / tau_max
+
+
+def vanilla_step(alpha: float, tau_h: float, n: int, tau_max: float) -> float:
+    """Vanilla ASGD: γ = α · τ_H / (n · τ_max) for every worker (α/K for harmonic τ)."""
+    return alpha * tau_h / (n * tau_max)
+
+
+def harmonic_mean(taus: Sequence[float]) -> float:
+    return len(taus) / sum(1.0 / t for t in taus)
 
 
 def equal_weights(n: int) -> tuple[float, ...]:
@@ -23,35 +51,219 @@ def check_weights(weights: Sequence[float], n: int) -> tuple[float, ...]:
     return w
 
 
-def rescaled_stepsize(
-    worker: int, taus: Sequence[float], alpha: float, weights: Sequence[float] | None = None
-) -> float:
-    """Rescaled ASGD: γ_i = α · w_i · τ_i / τ_max (w_i = 1/n by default)."""
-    tau_max = max(taus)
+def rescaled_stepsize(worker: int, taus: Sequence[float], alpha: float,
+                      weights: Sequence[float] | None = None) -> float:
+    """Rescaled ASGD's γ_i over a list of mean compute times (w_i = 1/n by default)."""
     w = weights[worker] if weights is not None else 1.0 / len(taus)
-    return alpha * w * taus[worker] / tau_max
+    return rescaled_step(alpha, w, taus[worker], max(taus))
 
 
 def vanilla_stepsize(taus: Sequence[float], alpha: float) -> float:
-    """Vanilla ASGD: one γ = α · τ_H / (n · τ_max) for every worker (α/K for harmonic τ)."""
-    n = len(taus)
-    tau_h = n / sum(1.0 / t for t in taus)
-    return alpha * tau_h / (n * max(taus))
+    """Vanilla ASGD's γ over a list of mean compute times."""
+    return vanilla_step(alpha, harmonic_mean(taus), len(taus), max(taus))
+
+
+# ------------------------------------------------------------------------------- staleness
+def constant() -> Staleness:
+    """No discount: s(δ) = 1."""
+    return lambda gamma, delay, n: gamma
+
+
+def polynomial(a: float = 0.5) -> Staleness:
+    """γ · (δ + 1)^(−a) (FedAsync's polynomial s, FedBuff's 1/(1 + δ)^p)."""
+    if not a >= 0:
+        raise ValueError(f"the staleness exponent must be non-negative, got {a!r}")
+    return lambda gamma, delay, n: gamma * float((delay + 1) ** (-a))
+
+
+def hinge(a: float = 0.5, b: int = 4) -> Staleness:
+    """γ if δ ≤ b, else γ / (a (δ − b) + 1) (FedAsync's hinge s)."""
+    if not a > 0 or b < 0:
+        raise ValueError("hinge staleness needs a > 0 and b >= 0")
+    return lambda gamma, delay, n: gamma * (1.0 if delay <= b else 1.0 / (a * (delay - b) + 1.0))
+
+
+def inverse() -> Staleness:
+    """γ / (1 + δ) (Delay-Adaptive ASGD as the seed paper analyses it)."""
+    return lambda gamma, delay, n: gamma / (1.0 + delay)
+
+
+def authors() -> Staleness:
+    """γ · n / max(n, δ) (Mishchenko et al.'s code: no discount up to n updates of delay)."""
+    return lambda gamma, delay, n: gamma * n / max(n, delay)
+
+
+#: Staleness factories by name (the options of FedAsync and Delay-Adaptive ASGD).
+STALENESS: dict[str, Callable[..., Staleness]] = {
+    "constant": constant, "polynomial": polynomial, "hinge": hinge, "inverse": inverse, "authors": authors,
+}
+
+
+def fedasync_staleness(kind: str = "polynomial", a: float = 0.5, b: int = 4) -> Staleness:
+    """FedAsync's staleness function s by name: ``constant``, ``polynomial`` (exponent a) or
+    ``hinge`` (slope a, threshold b)."""
+    if kind == "constant":
+        return constant()
+    if kind == "polynomial":
+        return polynomial(a)
+    if kind == "hinge":
+        return hinge(a, b)
+    raise ValueError(f"unknown staleness function {kind!r}; choose constant, polynomial or hinge")
+
+
+def staleness_weight(kind: str, delay: int, a: float = 0.5, b: int = 4) -> float:
+    """s(δ) of FedAsync by name: the weight of a step of 1."""
+    if delay < 0:
+        raise ValueError("staleness must be non-negative")
+    return fedasync_staleness(kind, a, b)(1.0, delay, 0)
+
+
+def delay_adaptive_stepsize(gamma: float, delay: int, n: int, rule: str = "inverse") -> float:
+    """Delay-Adaptive ASGD's step from the base γ: ``inverse`` γ / (1 + δ), ``authors`` γ · n / max(n, δ)."""
+    if delay < 0:
+        raise ValueError("delay must be non-negative")
+    if rule not in DELAY_RULES:
+        raise ValueError(f"unknown delay rule {rule!r}; choose one of {DELAY_RULES}")
+    return STALENESS[rule]()(gamma, delay, n)
 
 
 DELAY_RULES = ("inverse", "authors")
 
 
-def delay_adaptive_stepsize(gamma: float, delay: int, n: int, rule: str = "inverse") -> float:
-    """Delay-Adaptive ASGD.
+# ------------------------------------------------------------------------------- τ estimates
+class TauTable:
+    """The mean compute time τ_i of every worker and the statistics the rules read.
 
-    ``inverse`` (default, the seed paper's analysis): γ / (1 + δ).
-    ``authors`` (Mishchenko et al.'s code): γ · n / max(n, δ).
+    Fixed (the virtual clock: τ_i known, every worker active): τ_max and τ_H are computed once.
+    Online (the wall clock): estimates arrive one worker at a time and workers leave and return;
+    τ_max (a lazy max-heap), Σ 1/τ_i and the active weight are kept up to date in O(log n) per
+    change, and Σ 1/τ_i is recomputed exactly every n changes so rounding cannot drift.
     """
-    if delay < 0:
-        raise ValueError("delay must be non-negative")
-    if rule == "inverse":
-        return gamma / (1.0 + delay)
-    if rule == "authors":
-        return gamma * n / max(n, delay)
-    raise ValueError(f"unknown delay rule {rule!r}; choose one of {DELAY_RULES}")
+
+    def __init__(self, n: int, taus: Sequence[float] | None = None, weights: Sequence[float] | None = None) -> None:
+        self.n = int(n)
+        self.fixed = taus is not None
+        self.taus = [float(t) for t in taus] if taus is not None else [math.nan] * self.n
+        if len(self.taus) != self.n:
+            raise ValueError(f"{len(self.taus)} compute times for {self.n} workers")
+        self.active = [True] * self.n
+        self.n_active = self.n
+        if self.fixed:
+            self.n_known = self.n
+            self.tau_max = max(self.taus)
+            self.tau_h = harmonic_mean(self.taus)
+        else:
+            self.n_known = 0
+            self.tau_max = math.nan
+            self.tau_h = math.nan
+        self._inv_sum = sum(1.0 / t for t in self.taus) if self.fixed else 0.0
+        self._heap = [(-t, i) for i, t in enumerate(self.taus)] if self.fixed else []
+        heapq.heapify(self._heap)
+        self._changes = 0
+        self.set_weights(weights)
+
+    def set_weights(self, weights: Sequence[float] | None) -> None:
+        """Target weights w_i (Rescaled ASGD's mix; None: equal)."""
+        self.weights = None if weights is None else check_weights(weights, self.n)
+        if self.weights is not None:
+            self._weight_active = sum(w for w, a in zip(self.weights, self.active) if a)
+
+    def share(self, worker: int) -> float:
+        """Worker i's target weight among the active workers (1/n_active by default)."""
+        if self.weights is None:
+            return 1.0 / self.n_active
+        if self.n_active == self.n:
+            return self.weights[worker]
+        return self.weights[worker] / self._weight_active
+
+    def update(self, worker: int, tau: float) -> None:
+        """A new estimate of worker ``worker``'s τ (the wall clock)."""
+        if self.fixed:
+            raise RuntimeError("the compute times of a virtual clock are fixed")
+        if not (tau > 0 and math.isfinite(tau)):
+            raise ValueError(f"a compute time must be positive and finite, got {tau!r}")
+        old = self.taus[worker]
+        self.taus[worker] = float(tau)
+        if self.active[worker]:
+            if math.isnan(old):
+                self.n_known += 1
+            else:
+                self._inv_sum -= 1.0 / old
+            self._inv_sum += 1.0 / tau
+            heapq.heappush(self._heap, (-float(tau), worker))
+            self._refresh()
+
+    def set_active(self, worker: int, active: bool) -> None:
+        """A worker left (its node is gone) or came back: it counts in the statistics only while active."""
+        if self.active[worker] == active:
+            return
+        self.active[worker] = active
+        self.n_active += 1 if active else -1
+        if self.weights is not None:
+            self._weight_active += self.weights[worker] if active else -self.weights[worker]
+        tau = self.taus[worker]
+        if not math.isnan(tau):
+            self.n_known += 1 if active else -1
+            self._inv_sum += 1.0 / tau if active else -1.0 / tau
+            if active:
+                heapq.heappush(self._heap, (-tau, worker))
+        self._refresh()
+
+    def _refresh(self) -> None:
+        self._changes += 1
+        if self._changes >= self.n:  # exact sums now and then: incremental ones accumulate rounding
+            self._changes = 0
+            known = [t for t, a in zip(self.taus, self.active) if a and not math.isnan(t)]
+            self._inv_sum = sum(1.0 / t for t in known)
+            if self.weights is not None:
+                self._weight_active = sum(w for w, a in zip(self.weights, self.active) if a)
+        heap = self._heap
+        while heap and (not self.active[heap[0][1]] or -heap[0][0] != self.taus[heap[0][1]]):
+            heapq.heappop(heap)  # an entry of a worker that left or has a newer estimate
+        self.tau_max = -heap[0][0] if heap else math.nan
+        self.tau_h = self.n_known / self._inv_sum if self.n_known else math.nan
+
+
+# ------------------------------------------------------------------------------- rule factories
+def rescaled() -> Rule:
+    """Rescaled ASGD: γ_i = α · w_i · τ_i / τ_max, with the table's target weights w_i (renormalised
+    over the active workers; equal by default). Worker i's steps then add up to α · w_i per τ_max
+    whatever its speed. (A reply of a worker that has just left still counts with its own τ.)"""
+
+    def rule(alpha: float, worker: int, taus: TauTable, delay: int) -> float:
+        tau_i, tau_max = taus.taus[worker], taus.tau_max
+        if not tau_max >= tau_i:
+            tau_max = tau_i
+        return rescaled_step(alpha, taus.share(worker), tau_i, tau_max)
+
+    return rule
+
+
+def vanilla() -> Rule:
+    """Vanilla ASGD: one step γ = α · τ_H / (n · τ_max) for every worker (over the known τ)."""
+
+    def rule(alpha: float, worker: int, taus: TauTable, delay: int) -> float:
+        return vanilla_step(alpha, taus.tau_h, taus.n_known, taus.tau_max)
+
+    return rule
+
+
+def scaled_by(base: Rule, staleness: Staleness) -> Rule:
+    """``base``'s step discounted by the reply's delay: staleness(γ_base, δ, n)."""
+
+    def rule(alpha: float, worker: int, taus: TauTable, delay: int) -> float:
+        return staleness(base(alpha, worker, taus, delay), delay, taus.n)
+
+    return rule
+
+
+def delay_adaptive(rule: str = "inverse") -> Rule:
+    """Delay-Adaptive ASGD: Vanilla's step discounted by the delay, ``"inverse"`` γ / (1 + δ) (the
+    seed paper's analysis) or ``"authors"`` γ · n / max(n, δ) (Mishchenko et al.'s code)."""
+    if rule not in DELAY_RULES:
+        raise ValueError(f"unknown delay rule {rule!r}; choose one of {DELAY_RULES}")
+    return scaled_by(vanilla(), STALENESS[rule]())
+
+
+#: Stepsize rules by name: what ``ASGD(rule=...)`` accepts and the registry builds strategies from.
+RULES: dict[str, Callable[..., Rule]] = {"rescaled": rescaled, "vanilla": vanilla, "delay-adaptive": delay_adaptive}

@@ -1,18 +1,24 @@
-"""Asynchronous strategies: subclasses of Flower's ``Strategy`` driven by ``start``."""
+"""Asynchronous strategies: subclasses of Flower's ``Strategy`` driven by ``start``.
 
-from .base import ASGD, AsyncResult, AsyncStrategy
+``STRATEGIES`` is the registry: command-line name → class. The command line, the Flower run config
+and the paper study build strategies from it and read each one's options from its constructor.
+"""
+
+from .asgd import ASGD, asgd_variant
+from .base import AsyncStrategy
 from .concurrent import ConcurrentASGD
 from .delay_adaptive import DelayAdaptiveASGD
 from .fedasync import FedAsync
 from .fedbuff import FedBuff
 from .malenia import MaleniaSGD
 from .minibatch import MinibatchSGD
+from .reporting import AsyncResult
 from .rescaled import RescaledASGD
 from .ringleader import RingleaderASGD
 from .vanilla import VanillaASGD
 
 #: Command-line name → strategy class.
-STRATEGIES = {
+STRATEGIES: dict[str, type[AsyncStrategy]] = {
     "rescaled": RescaledASGD,
     "vanilla": VanillaASGD,
     "delay-adaptive": DelayAdaptiveASGD,
@@ -26,8 +32,8 @@ STRATEGIES = {
 
 __all__ = [
     "ASGD",
-    "AsyncResult",
     "STRATEGIES",
+    "AsyncResult",
     "AsyncStrategy",
     "ConcurrentASGD",
     "DelayAdaptiveASGD",
@@ -38,4 +44,5 @@ __all__ = [
     "RescaledASGD",
     "RingleaderASGD",
     "VanillaASGD",
+    "asgd_variant",
 ]

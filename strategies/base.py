@@ -16,98 +16,28 @@ from __future__ import annotations
 import io
 import logging
 import math
-import random
 import time
 from abc import abstractmethod
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Result, Strategy
+from flwr.serverapp.strategy import Strategy
 
-from fl_rescaled.clock import DelayModel, VirtualClock, WallClock
-from fl_rescaled.errors import RunFailed, client_error_text
+from fl_rescaled.clock import Clock
 from fl_rescaled.layout import ModelLayout
-from fl_rescaled.manager import NODE_GONE, AsyncClientManager, Completion
-from fl_rescaled.messages import EVALUATE_TYPE, reply_metrics
+from fl_rescaled.manager import AsyncClientManager, Completion, ManagerObserver
 from fl_rescaled.metrics import ProgressBar
-from fl_rescaled.stepsizes import vanilla_stepsize
+from fl_rescaled.stepsizes import vanilla
+
+from .loop import EvalSchedule, EvaluateFn, Run, budgets, default_clock
+from .reporting import AsyncResult, FederatedEvaluation
 
 log = logging.getLogger("flwr.fl_rescaled")
 
-EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
-
 REPLIES = ("gradient", "model")
-
-
-def average_of_means(G: np.ndarray, counts: np.ndarray, n: int) -> np.ndarray:
-    """(1/n) Σ_l G_l / b_l over the rows with b_l > 0, in float64.
-
-    Accumulated row by row: the same bits as ``(G[mask] / b[mask, None]).sum(axis=0) / n`` (numpy
-    reduces axis 0 in row order) without its rows × d float64 temporary, which made this the
-    slowest step of Malenia and Ringleader on MNIST (27 ms vs 6 ms per call with 5 replicas).
-    """
-    acc = np.zeros(G.shape[1])
-    for row in np.flatnonzero(counts):
-        acc += G[row] / counts[row]
-    return acc / n
-
-
-@dataclass
-class AsyncResult(Result):
-    """Flower's ``Result`` plus the run's books.
-
-    ``books``: updates applied, jobs sent, replies accepted, rejected (in all and per reason:
-    ``rejected.<reason>``), lost, discarded, jobs still in flight, the final time and wall seconds.
-    ``evaluate_metrics_*`` and ``train_metrics_clientapp`` are keyed by evaluation number (0 is
-    the start), each record with its ``time`` and ``updates``.
-    """
-
-    books: MetricRecord = field(default_factory=MetricRecord)
-
-    def __repr__(self) -> str:
-        return super().__repr__() + "\nBooks:\n\t" + ", ".join(f"{k}={v}" for k, v in self.books.items()) + "\n"
-
-
-class MetricWindow:
-    """Weighted means of the numeric metrics of the replies accepted since the last evaluation.
-
-    A reply's weight is its ``weighted_by_key`` metric (``num-examples``) when it has one, else 1;
-    the weight key itself is summed, not averaged (as Flower's ``aggregate_metricrecords`` leaves it
-    out of the means).
-    """
-
-    def __init__(self, weighted_by_key: str) -> None:
-        self.key = weighted_by_key
-        self.clear()
-
-    def clear(self) -> None:
-        self.sums: dict[str, float] = {}
-        self.weights: dict[str, float] = {}
-        self.replies = 0
-        self.weight_total = 0.0
-
-    def add(self, metrics: dict[str, Any]) -> None:
-        w = metrics.get(self.key)
-        w = float(w) if isinstance(w, (int, float)) and not isinstance(w, bool) and w > 0 else 1.0
-        self.replies += 1
-        self.weight_total += w
-        for k, v in metrics.items():
-            if k == self.key or isinstance(v, bool) or not isinstance(v, (int, float)):
-                continue
-            if not math.isfinite(v):
-                continue
-            self.sums[k] = self.sums.get(k, 0.0) + w * float(v)
-            self.weights[k] = self.weights.get(k, 0.0) + w
-
-    def record(self) -> dict[str, float]:
-        out = {k: self.sums[k] / self.weights[k] for k in self.sums}
-        if self.replies:
-            out[self.key] = self.weight_total
-        return out
 
 
 class AsyncStrategy(Strategy):
@@ -119,7 +49,7 @@ class AsyncStrategy(Strategy):
         The cycle stepsize α: each method scales its steps so that the stepsizes it applies per
         τ_max time units add up to α (see the subclass). With ``reply="model"``, α = 1 moves the
         model per τ_max about as far as one FedAvg round.
-    reply : str (default: the method's, ``"gradient"`` or ``"model"``)
+    reply : str (default: the method's, "gradient" or "model")
         What a reply's arrays are. ``"gradient"``: a stochastic gradient g (or any direction the
         server steps against: x ← x − γ g). ``"model"``: the model y the client trained from the
         x_sent it received (what a FedAvg ClientApp returns); the server uses the pseudo-gradient
@@ -231,6 +161,10 @@ class AsyncStrategy(Strategy):
         """Extra config every job of this strategy carries; default none."""
         return None
 
+    def target_weights(self) -> Sequence[float] | None:
+        """Per-partition target weights, if the method has them (then the run needs the partition query)."""
+        return None
+
     def stored_vectors(self) -> int:
         """How many model-sized vectors the server holds besides the model (gradient memory)."""
         return 0
@@ -255,16 +189,16 @@ class AsyncStrategy(Strategy):
             self.submit(worker)
 
     def vanilla_gamma(self) -> float:
-        """Vanilla ASGD's step α · τ_H / (n · τ_max) over the current τ estimates (known ones on
-        the wall clock): the base step of every method that normalises to Vanilla."""
+        """Vanilla ASGD's step α · τ_H / (n · τ_max) over the current τ estimates: the base step of
+        every method that normalises to Vanilla."""
         assert self.manager is not None
-        return vanilla_stepsize([t for t in self.manager.tau_estimates() if not math.isnan(t)], self.lr)
+        return _VANILLA(self.lr, 0, self.manager.taus, 0)
 
     def apply(self, worker: int, update: np.ndarray, stepsize: float, booked: float | None = None) -> None:
         """x ← x − stepsize · update, booked as one server update triggered by ``worker``.
 
         ``booked`` is the stepsize entered in the cumulative-stepsize books when it differs from
-        the multiplier (methods whose update is not a raw gradient); default ``stepsize``.
+        the multiplier; default ``stepsize``.
         """
         if self._scratch.shape != self.x.shape:
             self._scratch = np.empty_like(self.x)
@@ -299,7 +233,7 @@ class AsyncStrategy(Strategy):
                  self.weighted_by_key, self.arrayrecord_key, self.configrecord_key)
 
     # ---------------------------------------------------------------- the loop
-    def start(  # pylint: disable=too-many-arguments,too-many-locals,too-many-statements
+    def start(  # pylint: disable=too-many-arguments,too-many-locals
         self,
         grid: Grid,
         initial_arrays: ArrayRecord,
@@ -310,13 +244,14 @@ class AsyncStrategy(Strategy):
         evaluate_fn: EvaluateFn | None = None,
         *,
         time_budget: float | None = None,
-        clock: VirtualClock | WallClock | None = None,
+        clock: Clock | None = None,
         taus: list[float] | None = None,
         eval_every: float | None = None,
         num_evaluations: int = 10,
         num_workers: int | None = None,
         partition_query: bool | None = None,
         progress: bool = False,
+        observers: list[ManagerObserver] | None = None,
         manager_options: dict[str, Any] | None = None,
     ) -> AsyncResult:
         """Run the asynchronous loop until a budget is spent; return Flower's ``Result``.
@@ -361,6 +296,8 @@ class AsyncStrategy(Strategy):
             node-id order.
         progress : bool (default: False)
             A progress bar on stderr.
+        observers : list of ManagerObserver, optional
+            Told of every job sent, reply awaited, completion and update (benchmarks, metrics).
         manager_options : dict, optional
             Extra keyword arguments of ``AsyncClientManager`` (``tau_estimator``, ``worker_config``).
 
@@ -376,26 +313,13 @@ class AsyncStrategy(Strategy):
             When the run cannot make progress; the message names the first rejection's reason
             (for a ClientApp that raised: its own exception text).
         """
-        if time_budget is None and num_updates is None:
-            raise ValueError("give a budget: num_updates (server updates) and/or time_budget (time units)")
-        if time_budget is not None and not (time_budget > 0 and math.isfinite(time_budget)):
-            raise ValueError(f"time_budget must be positive and finite, got {time_budget!r}")
-        if num_updates is not None and (isinstance(num_updates, bool) or int(num_updates) != num_updates
-                                        or num_updates < 1):
-            raise ValueError(f"num_updates must be a positive integer, got {num_updates!r}")
-        if eval_every is not None and not eval_every > 0:
-            raise ValueError("eval_every must be positive")
-        if num_evaluations < 1:
-            raise ValueError("num_evaluations must be at least 1")
-        budget = float(time_budget) if time_budget is not None else math.inf
-        max_updates = int(num_updates) if num_updates is not None else None
+        budget, max_updates = budgets(time_budget, num_updates, eval_every, num_evaluations)
         options = dict(manager_options or {})
-        per_partition = taus is not None or getattr(self, "weights", None) is not None or "worker_config" in options
+        per_partition = taus is not None or self.target_weights() is not None or "worker_config" in options
         if partition_query is None:
             partition_query = per_partition
         elif per_partition and not partition_query:
             raise ValueError("per-partition settings (taus, weights, worker_config) need partition_query=True")
-        cfg = dict(train_config.items()) if train_config is not None else {}
         self.layout, self.x, self.carried = ModelLayout.of(initial_arrays)
         log.info("Starting %s strategy:", type(self).__name__)
         log.info("\t├── Model: %d arrays, %d trained values (%s)", len(self.layout.entries),
@@ -405,150 +329,56 @@ class AsyncStrategy(Strategy):
             + ([f"{max_updates} updates"] if max_updates is not None else [])))
         self.summary()
         if clock is None:
-            clock = self._default_clock(grid, taus, num_workers, partition_query)
+            clock = default_clock(grid, taus, num_workers, partition_query)
         elif taus is not None:
             raise ValueError("give either clock or taus, not both")
         if clock.virtual and num_workers is None:
             num_workers = clock.delays.num_workers
-        self.manager = AsyncClientManager(grid, clock, layout=self.layout, reply=self.reply,
-                                          arrayrecord_key=self.arrayrecord_key,
-                                          configrecord_key=self.configrecord_key, train_config=cfg,
-                                          ttl=timeout, **options)
-        manager = self.manager
-        manager.connect(num_workers, timeout=min(timeout, 300.0), partition_query=partition_query)
+        cfg = dict(train_config.items()) if train_config is not None else {}
+        self.manager = manager = AsyncClientManager(
+            grid, clock, layout=self.layout, reply=self.reply, arrayrecord_key=self.arrayrecord_key,
+            configrecord_key=self.configrecord_key, train_config=cfg, ttl=timeout, observers=observers, **options)
+        manager.connect(num_workers, timeout=min(timeout, 300.0), partition_query=partition_query,
+                        weights=self.target_weights())
         if not partition_query and manager.num_workers > 1:
             log.warning("workers are numbered by node id (%d nodes); a ClientApp with "
                         "fl_rescaled.add_partition_query numbers them by partition-id", manager.num_workers)
-        if clock.virtual and clock.delays.num_workers < manager.num_workers:
-            raise ValueError(f"the clock knows {clock.delays.num_workers} workers, the grid has {manager.num_workers}")
         if self.replica_lrs is not None:
             if self.x.size % len(self.replica_lrs):
                 raise ValueError("the initial model is not R replicas end to end")
             manager.replicas = len(self.replica_lrs)
             self.replica_lrs = self._replica_alphas.copy()  # a rerun starts with no frozen replica
             self.frozen_replicas = {}
-        limit = self.max_consecutive_rejections or max(20, 2 * manager.num_workers)
-
-        self.history = []
         if eval_every is not None:
-            period, update_period = float(eval_every), None
+            schedule = EvalSchedule(float(eval_every), None)
         elif time_budget is not None:
-            period, update_period = budget / num_evaluations, None
+            schedule = EvalSchedule(budget / num_evaluations, None)
         else:
-            period, update_period = math.inf, max(1, math.ceil(max_updates / num_evaluations))
+            schedule = EvalSchedule(math.inf, max(1, math.ceil(max_updates / num_evaluations)))
+        fed_eval = FederatedEvaluation(grid, evaluate_config, timeout, fraction=self.fraction_evaluate,
+                                       weighted_by_key=self.weighted_by_key, arrayrecord_key=self.arrayrecord_key,
+                                       configrecord_key=self.configrecord_key)
         result = AsyncResult()
-        window = MetricWindow(self.weighted_by_key)
-        bar = ProgressBar(budget if time_budget is not None else float(max_updates), enabled=progress,
-                          label=self.name)
-        fed_eval = _FederatedEvaluation(self, grid, evaluate_config, timeout)
-        answered = [False] * manager.num_workers
-        consecutive = 0
-        step, next_eval = 0, 0.0
-        next_eval_updates = update_period or 0
+        run = Run(self, result, schedule, evaluate_fn, fed_eval,
+                  ProgressBar(budget if time_budget is not None else float(max_updates), enabled=progress,
+                              label=self.name), by_time=time_budget is not None)
+        self.history = []
         wall0 = time.perf_counter()
         if not clock.virtual:
             clock.restart()  # the wall-clock budget counts from the first job sent
         self.on_start()
-
-        def evaluate(t: float) -> None:
-            nonlocal step, next_eval, next_eval_updates
-            row = self._evaluate(step, t, evaluate_fn, result, window, fed_eval)
-            bar.update(t if time_budget is not None else manager.version, row)
-            window.clear()
-            step += 1
-            next_eval = step * period
-            if update_period is not None:
-                next_eval_updates = manager.version + update_period
-
-        while True:
-            comp = manager.next_completion(budget)
-            if comp is None and manager.joined:
-                for worker in manager.pop_joined():
-                    self.on_worker_joined(worker)
-                continue
-            t = comp.time if comp is not None else (budget if math.isfinite(budget) else clock.now)
-            # Evaluation points strictly before this event see the model as it was; an event at
-            # exactly an evaluation time is applied first (the model "at time t" includes it).
-            while next_eval < t - 1e-12 or (comp is None and next_eval <= budget * (1 + 1e-12)):
-                evaluate(next_eval)
-            if comp is None:
-                if math.isinf(budget):
-                    raise RunFailed("no job is in flight and no update budget is left to reach: the run "
-                                    f"stopped after {manager.version} of {max_updates} updates", self._books())
-                break
-            if comp.ok:
-                consecutive = 0
-                answered[comp.worker] = True
-                if "nonfinite-replicas" in comp.metrics:
-                    self._freeze(comp.metrics["nonfinite-replicas"], t)
-                window.add(comp.metrics)
-                if comp.carried and self.reply == "model":
-                    self.carried.update(comp.carried)
-                self.on_completion(comp)
-            else:
-                if comp.rejected not in NODE_GONE:
-                    consecutive += 1
-                    answered[comp.worker] = True
-                self.on_rejected(comp)
-            if self.on_event is not None:
-                self.on_event(comp, self.x)
-            if manager.accepted == 0 and all(answered):
-                raise RunFailed(self._failure("no reply could be used: every worker answered and all "
-                                              f"{sum(manager.rejections.values())} replies were rejected"),
-                                self._books())
-            if consecutive >= limit:
-                raise RunFailed(self._failure(f"{consecutive} replies in a row were rejected"), self._books())
-            if update_period is not None and manager.version >= next_eval_updates:
-                evaluate(comp.time)
-            if max_updates is not None and manager.version >= max_updates:
-                break
-        t_end = t if comp is None else comp.time  # the budget, or the time of the last update
-        last = self.history[-1] if self.history else None
-        if last is None or last["time"] < t_end - 1e-9 * max(1.0, abs(t_end)) or last["updates"] != manager.version:
-            evaluate(t_end)
-        bar.close()
+        run.loop(budget, max_updates)
+        run.bar.close()
         self.wall_seconds = time.perf_counter() - wall0
         result.arrays = self.layout.to_record(self.x, self.carried)
-        result.books = MetricRecord(self._books())
+        result.books = MetricRecord(manager.books_summary())
         log.info("")
         log.info("Strategy execution finished in %.2fs", self.wall_seconds)
         for line in io.StringIO(str(result)):
             log.info("\t%s", line.rstrip("\n"))
         return result
 
-    def _default_clock(self, grid: Grid, taus: list[float] | None, num_workers: int | None,
-                       partition_query: bool) -> VirtualClock | WallClock:
-        """A virtual clock on an in-process Grid, else (Flower's runtimes) the wall clock."""
-        if getattr(grid, "virtual_time", False):
-            if taus is None:
-                nodes = sorted(int(n) for n in grid.get_node_ids())
-                if partition_query:  # the worker order is the partition order
-                    nodes.sort(key=lambda n: int(grid.node_config(n).get("partition-id", 0)))
-                taus = [float(grid.node_config(n).get("tau", 1.0)) for n in nodes]
-                if num_workers is not None:
-                    taus = taus[:num_workers]
-                if len(set(taus)) == 1 and len(taus) > 1:
-                    log.warning("every node's compute time τ is %g (set 'tau' in the node configs or pass "
-                                "taus): time-proportional stepsizes change nothing", taus[0])
-            return VirtualClock(DelayModel(taus, "fixed"))
-        if taus is not None:
-            raise ValueError("taus define a virtual clock; this Grid runs on the wall clock (pass clock=...)")
-        return WallClock()
-
-    def _failure(self, what: str) -> str:
-        assert self.manager is not None
-        first = self.manager.first_rejection
-        if first is None:
-            return f"the run cannot make progress: {what}"
-        reason, detail = first
-        text = client_error_text(detail) if reason.startswith("error-code") else detail
-        return f"the run cannot make progress: {what}. The first rejection ({reason}): {text}"
-
-    def _books(self) -> dict[str, int | float]:
-        assert self.manager is not None
-        return self.manager.books_summary()
-
-    def _freeze(self, replicas: list[int], t: float) -> None:
+    def freeze(self, replicas: list[int], t: float) -> None:
         """A replica whose gradient went non-finite has diverged: its model stops moving (α_r = 0)
         while the other replicas go on with the same events."""
         assert self.replica_lrs is not None
@@ -558,114 +388,7 @@ class AsyncStrategy(Strategy):
                 self.replica_lrs[int(r)] = 0.0
                 log.warning("replica %d: non-finite gradient at t=%g; replica frozen (diverged)", r, t)
 
-    def _evaluate(self, step: int, t: float, evaluate_fn: EvaluateFn | None, result: AsyncResult,
-                  window: MetricWindow, fed_eval: _FederatedEvaluation) -> dict[str, Any]:
-        manager = self.manager
-        assert manager is not None and self.layout is not None
-        row: dict[str, Any] = {"time": float(t)}
-        row.update(manager.summary(t))
-        row["stored_vectors"] = self.stored_vectors()
-        stamp = {"time": float(t), "updates": manager.version}
-        arrays = None
-        if evaluate_fn is not None:
-            arrays = self.layout.to_record(self.x, self.carried)
-            res = evaluate_fn(step, arrays)
-            if res is not None:
-                row.update(dict(res))
-                rec = MetricRecord(dict(res))
-                rec.update({**stamp, "cumulative-stepsize": manager.stepsize_sum})
-                result.evaluate_metrics_serverapp[step] = rec
-        train = window.record()
-        if train:
-            row["train_metrics"] = train
-            result.train_metrics_clientapp[step] = MetricRecord({**train, "replies": window.replies, **stamp})
-        fed = fed_eval.run(step, arrays)
-        if fed is not None:
-            row["evaluate_metrics"] = fed
-            result.evaluate_metrics_clientapp[step] = MetricRecord({**fed, **stamp})
-        self.history.append(row)
-        server = result.evaluate_metrics_serverapp.get(step)
-        log.info("[t=%g | %d updates] train: %s%s%s", t, manager.version, _fmt(train),
-                 f" | server eval: {_fmt({k: v for k, v in server.items() if k not in stamp})}" if server else "",
-                 f" | federated eval: {_fmt(fed)}" if fed is not None else "")
-        return row
+
+_VANILLA = vanilla()
 
 
-def _fmt(metrics: dict[str, Any] | None) -> str:
-    """A metrics dict on one log line (lists, such as per-client losses, left out)."""
-    items = [(k, v) for k, v in (metrics or {}).items() if not isinstance(v, (list, tuple))]
-    if not items:
-        return "-"
-    return "{" + ", ".join(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}" for k, v in items) + "}"
-
-
-class _FederatedEvaluation:
-    """Sends the global model to a fraction of the nodes' ``@app.evaluate`` and averages their metrics."""
-
-    def __init__(self, strategy: AsyncStrategy, grid: Grid, config: ConfigRecord | dict | None, timeout: float) -> None:
-        self.strategy = strategy
-        self.grid = grid
-        self.config = dict(config.items()) if config is not None else {}
-        self.timeout = timeout
-        self.failed_once = False
-
-    def run(self, step: int, arrays: ArrayRecord | None) -> dict[str, float] | None:
-        s = self.strategy
-        if s.fraction_evaluate <= 0:
-            return None
-        manager = s.manager
-        assert manager is not None and s.layout is not None
-        nodes = [b.node_id for b in manager.books if b.online]
-        if not nodes:
-            return None
-        k = max(1, int(round(len(nodes) * s.fraction_evaluate)))
-        chosen = sorted(random.Random(step).sample(nodes, k)) if k < len(nodes) else nodes
-        if arrays is None:
-            arrays = s.layout.to_record(s.x, s.carried)
-        cfg = ConfigRecord({**self.config, "server-round": step})
-        msgs = [Message(RecordDict({s.arrayrecord_key: arrays, s.configrecord_key: cfg}), n, EVALUATE_TYPE,
-                        ttl=self.timeout) for n in chosen]
-        ids = set(self.grid.push_messages(msgs))
-        window = MetricWindow(s.weighted_by_key)
-        errors: list[str] = []
-        deadline = time.monotonic() + self.timeout
-        while ids and time.monotonic() < deadline:
-            got = list(self.grid.pull_messages(list(ids)))
-            for rep in got:
-                ids.discard(rep.metadata.reply_to_message_id)
-                if rep.has_error():
-                    errors.append(client_error_text(rep.error.reason))
-                elif rep.has_content():
-                    window.add(reply_metrics(rep.content))
-            if ids and not got:
-                time.sleep(0.01)
-        if errors and not self.failed_once:
-            self.failed_once = True
-            log.warning("federated evaluation: %d of %d nodes failed (%s); set fraction_evaluate=0 if the "
-                        "ClientApp has no @app.evaluate", len(errors), len(chosen), errors[0])
-        return window.record() if window.replies else None
-
-
-class ASGD(AsyncStrategy):
-    """Plain asynchronous SGD (the paper's Algorithm 1) with a pluggable stepsize rule.
-
-    Every worker starts on the initial model; each reply is applied the moment it arrives
-    (x ← x − γ g, k += 1) and the new model goes straight back to the worker that sent it.
-    No buffer, no table, nobody waits. Parameters: those of ``AsyncStrategy``.
-    """
-
-    @abstractmethod
-    def stepsize(self, comp: Completion) -> float:
-        """γ for this completion."""
-
-    def on_start(self) -> None:
-        for worker in range(self.n):
-            self.on_worker_joined(worker)
-
-    def on_worker_joined(self, worker: int) -> None:
-        self.start_jobs(worker)
-
-    def on_completion(self, comp: Completion) -> None:
-        assert comp.update is not None
-        self.apply(comp.worker, comp.update, self.stepsize(comp))
-        self.submit(comp.worker)

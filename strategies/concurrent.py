@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from fl_rescaled.manager import Completion
@@ -30,7 +32,7 @@ class ConcurrentASGD(AsyncStrategy):
     name = "concurrent"
     restarts_at_once = False
 
-    def __init__(self, *, seed: int = 0, concurrency: int | None = None, **kwargs) -> None:
+    def __init__(self, *, seed: int = 0, concurrency: int | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if concurrency is not None and (isinstance(concurrency, bool) or int(concurrency) != concurrency
                                         or concurrency < 1):

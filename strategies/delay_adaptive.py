@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from fl_rescaled.manager import Completion
-from fl_rescaled.stepsizes import DELAY_RULES, delay_adaptive_stepsize
+from typing import Any
 
-from .base import ASGD
+from fl_rescaled.stepsizes import delay_adaptive
+
+from .asgd import ASGD
 
 
 class DelayAdaptiveASGD(ASGD):
@@ -25,14 +26,9 @@ class DelayAdaptiveASGD(ASGD):
 
     name = "delay-adaptive"
 
-    def __init__(self, *, rule: str = "inverse", **kwargs) -> None:
-        super().__init__(**kwargs)
-        if rule not in DELAY_RULES:
-            raise ValueError(f"unknown delay rule {rule!r}; choose one of {DELAY_RULES}")
-        self.rule = rule
+    def __init__(self, *, rule: str = "inverse", **kwargs: Any) -> None:
+        super().__init__(rule=delay_adaptive(rule), **kwargs)
+        self.delay_rule = rule
 
     def describe(self) -> dict:
-        return {**super().describe(), "rule": self.rule}
-
-    def stepsize(self, comp: Completion) -> float:
-        return delay_adaptive_stepsize(self.vanilla_gamma(), comp.delay, self.n, self.rule)
+        return {**super().describe(), "rule": self.delay_rule}

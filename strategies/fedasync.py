@@ -2,26 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fl_rescaled.manager import Completion
+from fl_rescaled.stepsizes import fedasync_staleness
 
 from .base import AsyncStrategy
-
-STALENESS = ("constant", "polynomial", "hinge")
-
-
-def staleness_weight(kind: str, staleness: int, a: float = 0.5, b: int = 4) -> float:
-    """s(t − τ) of FedAsync: ``constant`` 1, ``polynomial`` (t − τ + 1)^(−a), ``hinge`` 1 if
-    t − τ ≤ b else 1 / (a (t − τ − b) + 1)."""
-    if staleness < 0:
-        raise ValueError("staleness must be non-negative")
-    if kind == "constant":
-        return 1.0
-    if kind == "polynomial":
-        return float((staleness + 1) ** (-a))
-    if kind == "hinge":
-        return 1.0 if staleness <= b else 1.0 / (a * (staleness - b) + 1.0)
-    raise ValueError(f"unknown staleness function {kind!r}; choose one of {STALENESS}")
-
 
 class FedAsync(AsyncStrategy):
     """FedAsync: every returned model is mixed into the global one at once.
@@ -55,13 +41,11 @@ class FedAsync(AsyncStrategy):
     default_reply = "model"
 
     def __init__(self, *, mixing: float = 0.6, staleness: str = "polynomial", a: float = 0.5, b: int = 4,
-                 **kwargs) -> None:
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if not 0 < mixing <= 1:
             raise ValueError(f"mixing must be in (0, 1], got {mixing!r}")
-        staleness_weight(staleness, 0, a, b)  # validates the name
-        if not a > 0 or b < 0:
-            raise ValueError("a must be positive and b non-negative")
+        self.discount = fedasync_staleness(staleness, a, b)  # validates the name and a, b
         self.mixing = float(mixing)
         self.staleness, self.a, self.b = staleness, float(a), int(b)
 
@@ -74,7 +58,7 @@ class FedAsync(AsyncStrategy):
 
     def on_completion(self, comp: Completion) -> None:
         assert comp.update is not None and self.manager is not None
-        alpha_t = self.mixing * staleness_weight(self.staleness, comp.delay, self.a, self.b)
+        alpha_t = self.discount(self.mixing, comp.delay, self.n)  # mixing · s(t − τ)
         x_tau = self.manager.model_of(comp.job)
         # x ← (1 − α_t) x + α_t y  ==  x − α_t · (x − x_τ + Δ), with Δ = x_τ − y the update
         self.apply(comp.worker, (self.x - x_tau) + comp.update, alpha_t)

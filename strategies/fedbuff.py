@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from fl_rescaled.manager import Completion
+from fl_rescaled.stepsizes import polynomial
 
 from .base import AsyncStrategy
 
@@ -37,7 +40,7 @@ class FedBuff(AsyncStrategy):
     default_reply = "model"
 
     def __init__(self, *, buffer_size: int = 10, server_lr: float = 1.0, staleness_exponent: float = 0.5,
-                 **kwargs) -> None:
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if isinstance(buffer_size, bool) or int(buffer_size) != buffer_size or buffer_size < 1:
             raise ValueError(f"buffer_size must be a positive integer, got {buffer_size!r}")
@@ -45,6 +48,7 @@ class FedBuff(AsyncStrategy):
             raise ValueError("server_lr must be positive and staleness_exponent in [0, 1]")
         self.K = int(buffer_size)
         self.server_lr, self.p = float(server_lr), float(staleness_exponent)
+        self.discount = polynomial(self.p)  # w(δ) = 1 / (1 + δ)^p
         self.count = 0
 
     def describe(self) -> dict:
@@ -62,7 +66,7 @@ class FedBuff(AsyncStrategy):
 
     def on_completion(self, comp: Completion) -> None:
         assert comp.update is not None
-        w = 1.0 if self.p == 0 else (1.0 + comp.delay) ** (-self.p)
+        w = 1.0 if self.p == 0 else self.discount(1.0, comp.delay, self.n)
         self.buffer += w * comp.update
         self.count += 1
         if self.count == self.K:

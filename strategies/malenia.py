@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from fl_rescaled.manager import Completion
 
-from .base import AsyncStrategy, average_of_means
+from .aggregate import average_of_means
+from .base import AsyncStrategy
 
 
 class MaleniaSGD(AsyncStrategy):
@@ -35,7 +38,7 @@ class MaleniaSGD(AsyncStrategy):
     name = "malenia"
     restarts_at_once = False
 
-    def __init__(self, *, S: float | None = None, **kwargs) -> None:
+    def __init__(self, *, S: float | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if S is not None and not S > 0:
             raise ValueError(f"S must be positive, got {S!r}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from fl_rescaled.manager import Completion
@@ -28,7 +30,7 @@ class MinibatchSGD(AsyncStrategy):
     name = "minibatch"
     restarts_at_once = False
 
-    def __init__(self, **kwargs) -> None:
+    def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.rounds = 0
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
+from typing import Any
 
-from fl_rescaled.manager import Completion
-from fl_rescaled.stepsizes import check_weights, rescaled_stepsize
+from fl_rescaled.stepsizes import check_weights, rescaled
 
-from .base import ASGD
+from .asgd import ASGD
 
 
 class RescaledASGD(ASGD):
@@ -24,7 +23,8 @@ class RescaledASGD(ASGD):
     manager's online estimate of worker i's time per delivery (or of its reported compute time),
     τ_max the largest current estimate, and the weights are renormalised over the workers that
     are online (whether or not they have delivered yet, so the first replies of a run take steps
-    of α · w_i, not the larger share of the few workers heard from so far).
+    of α · w_i, not the larger share of the few workers heard from so far). The rule is
+    ``fl_rescaled.stepsizes.rescaled``.
 
     With ``reply="model"`` (an unchanged FedAvg ClientApp that returns its trained model) the
     same weights are applied to the pseudo-gradients Δ_i = x_sent − y_i, so fast clients still
@@ -45,37 +45,12 @@ class RescaledASGD(ASGD):
 
     name = "rescaled"
 
-    def __init__(self, *, weights: Sequence[float] | None = None, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.weights = None if weights is None else tuple(float(w) for w in weights)
-        if self.weights is not None:
-            check_weights(self.weights, len(self.weights))
+    def __init__(self, *, weights: Sequence[float] | None = None, **kwargs: Any) -> None:
+        super().__init__(rule=rescaled(), **kwargs)
+        self.weights = None if weights is None else check_weights(weights, len(weights))
+
+    def target_weights(self) -> Sequence[float] | None:
+        return self.weights
 
     def describe(self) -> dict:
         return {**super().describe(), "weights": self.weights}
-
-    def on_start(self) -> None:
-        if self.weights is not None:
-            check_weights(self.weights, self.n)
-        super().on_start()
-
-    def stepsize(self, comp: Completion) -> float:
-        assert self.manager is not None
-        taus = self.manager.tau_estimates()
-        if self.manager.clock.virtual:
-            return rescaled_stepsize(comp.worker, taus, self.lr, self.weights)
-        # Weights over the online workers, whether or not they have delivered yet (renormalising
-        # over the k that have would give the first replies steps of α/1, α/2, ...: about
-        # α · ln n in all before the slow workers report). τ_max over the known estimates.
-        online = self.manager.online_workers()
-        if comp.worker not in online:  # its node was just reported gone: its last word still counts
-            online = sorted(online + [comp.worker])
-        # A worker not heard from yet counts in the weights but not in τ_max (its τ stands in as
-        # the smallest known one).
-        floor = min(taus[i] for i in online if not math.isnan(taus[i]))
-        sub_taus = [floor if math.isnan(taus[i]) else taus[i] for i in online]
-        w = None
-        if self.weights is not None:
-            total = sum(self.weights[i] for i in online)
-            w = [self.weights[i] / total for i in online]
-        return rescaled_stepsize(online.index(comp.worker), sub_taus, self.lr, w)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from fl_rescaled.manager import Completion
 
-from .base import AsyncStrategy, average_of_means
+from .aggregate import average_of_means
+from .base import AsyncStrategy
 
 
 class RingleaderASGD(AsyncStrategy):
@@ -40,7 +43,7 @@ class RingleaderASGD(AsyncStrategy):
     name = "ringleader"
     restarts_at_once = False
 
-    def __init__(self, *, restart_on_current: bool = False, **kwargs) -> None:
+    def __init__(self, *, restart_on_current: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.restart_on_current = bool(restart_on_current)
         self.round_triggers: list[list[int]] = []  # who triggered each update, per round

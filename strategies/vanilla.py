@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from fl_rescaled.manager import Completion
+from typing import Any
 
-from .base import ASGD
+from fl_rescaled.stepsizes import vanilla
+
+from .asgd import ASGD
 
 
 class VanillaASGD(ASGD):
@@ -21,5 +23,5 @@ class VanillaASGD(ASGD):
 
     name = "vanilla"
 
-    def stepsize(self, comp: Completion) -> float:
-        return self.vanilla_gamma()
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(rule=vanilla(), **kwargs)

@@ -91,7 +91,7 @@ def test_fedbuff_q1_k1_matches_vanilla():
     kw = dict(taus=[1, 2, 3], quad_a=[1.0, 2.0, 0.5], quad_b=[1.0, -1.0, 3.0], lr=0.05, budget=200,
               noise=0.2, quad_dim=3, seed=5)
     van = quad(strategy="vanilla", **kw)
-    fb = quad(strategy="fedbuff", fedbuff_buffer=1, local_steps=1, staleness_exponent=0.0, **kw)
+    fb = quad(strategy="fedbuff", options={"buffer_size": 1, "staleness_exponent": 0.0}, local_steps=1, **kw)
     np.testing.assert_allclose(fb["final_params"], van["final_params"], rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose([h["loss"] for h in fb["history"]], [h["loss"] for h in van["history"]],
                                rtol=1e-9)
@@ -99,7 +99,7 @@ def test_fedbuff_q1_k1_matches_vanilla():
 
 
 def test_fedasync_converges_and_staleness_functions():
-    from fl_rescaled.strategies.fedasync import staleness_weight
+    from fl_rescaled.stepsizes import staleness_weight
 
     assert staleness_weight("constant", 7) == 1.0
     assert staleness_weight("polynomial", 3, a=0.5) == pytest.approx(0.5)

@@ -269,11 +269,11 @@ def test_default_clock_virtual_in_process_wall_on_a_threaded_grid_budget_from_fi
 
 
 # ---------------------------------------------------------------------------------------------- reply="model" fixed points
-def _quadratic(strategy: str, a, taus, **kw) -> float:
+def _quadratic(strategy: str, a, taus, **options) -> float:
     from conftest import quad
 
     out = quad(strategy=strategy, taus=list(taus), quad_a=list(a), quad_b=[4.0, -3.0], lr=0.02, budget=6000,
-               reply="model", local_steps=5, local_lr=0.05, eval_every=6000, **kw)
+               options={"reply": "model", **options}, local_steps=5, local_lr=0.05, eval_every=6000)
     return out["final_params"][0]
 
 
@@ -289,7 +289,7 @@ def test_rescaled_with_model_replies_lands_on_the_equal_weight_point_vanilla_and
     assert _quadratic("rescaled", [1, 1], taus) == pytest.approx(equal, abs=0.02)
     assert _quadratic("vanilla", [1, 1], taus) == pytest.approx(freq, abs=0.05)
     # FedAsync mixes fast clients' models in more often, and with less staleness discount.
-    assert _quadratic("fedasync", [1, 1], taus, fedasync_mixing=0.05) > freq - 0.05
+    assert _quadratic("fedasync", [1, 1], taus, mixing=0.05) > freq - 0.05
 
 
 def test_rescaled_with_model_replies_and_unequal_curvature_has_the_local_steps_drift():

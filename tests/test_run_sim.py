@@ -24,7 +24,9 @@ def cli(*args, timeout=600):
     ["--lr", "-1"],
     ["--taus", "1,2", "--num-clients", "3"],
     ["--task", "quadratic", "--quad-a", "1,2", "--quad-b", "1,2,3", "--taus", "1,2"],
-    ["--weights", "0.5,0.6", "--taus", "1,2"],
+    ["--rescaled-weights", "0.5,0.6", "--taus", "1,2"],
+    ["--strategy", "rescaled", "--fedbuff-buffer-size", "3"],  # an option of a strategy not in the run
+    ["--fedbuff-buffer-size", "x", "--strategy", "fedbuff"],
     ["--strategy", "nope"],
     ["--task", "cifar"],
     ["--delays", "gamma"],

@@ -1,5 +1,7 @@
 """Stepsize rules against the formulas in algorithms.md."""
 
+import math
+
 import pytest
 
 from fl_rescaled.stepsizes import check_weights, delay_adaptive_stepsize, rescaled_stepsize, vanilla_stepsize
@@ -68,22 +70,67 @@ def test_weights_validation():
 def test_wall_clock_rescaled_weights_count_workers_not_heard_from_yet():
     """On the wall clock τ_i is estimated online. Workers that have not delivered yet still count in
     the weights (1/n each), so the first replies of a run take steps of α/n, not α/1, α/2, ..."""
+    from fl_rescaled.stepsizes import TauTable, rescaled
+
+    rule = rescaled()
+    taus = TauTable(4)  # online: nothing known yet
+    taus.update(0, 1.0)
+    assert rule(0.8, 0, taus, 0) == pytest.approx(0.8 / 4)  # τ_max = the only known τ
+    taus.update(1, 4.0)
+    assert rule(0.8, 1, taus, 0) == pytest.approx(0.8 / 4 * 4 / 4)
+    assert rule(0.8, 0, taus, 0) == pytest.approx(0.8 / 4 * 1 / 4)
+    weighted = TauTable(4, weights=[0.1, 0.2, 0.3, 0.4])
+    weighted.update(0, 1.0)
+    weighted.update(1, 4.0)
+    assert rule(0.8, 1, weighted, 0) == pytest.approx(0.8 * 0.2 * 4 / 4)
+    weighted.set_active(2, False)
+    weighted.set_active(3, False)  # 2 and 3 left: weights renormalised over the online ones
+    assert rule(0.8, 1, weighted, 0) == pytest.approx(0.8 * (0.2 / 0.3) * 4 / 4)
+    weighted.set_active(1, False)  # its last reply still counts with its own τ (above τ_max now)
+    assert rule(0.8, 1, weighted, 0) == pytest.approx(0.8 * (0.2 / 0.1) * 4 / 4)
+
+
+def test_tau_table_statistics_follow_changes_exactly_enough():
+    """τ_max and τ_H of the active, known workers, kept up to date incrementally (O(log n) per change)."""
     import math
-    from types import SimpleNamespace
 
-    from fl_rescaled import RescaledASGD
+    import numpy as np
 
-    taus = [1.0, math.nan, math.nan, math.nan]
-    manager = SimpleNamespace(clock=SimpleNamespace(virtual=False), tau_estimates=lambda: taus,
-                              online_workers=lambda: [0, 1, 2, 3])
-    s = RescaledASGD(lr=0.8)
-    s.manager = manager
-    assert s.stepsize(SimpleNamespace(worker=0)) == pytest.approx(0.8 / 4)  # τ_max = the only known τ
-    taus[1] = 4.0
-    assert s.stepsize(SimpleNamespace(worker=1)) == pytest.approx(0.8 / 4 * 4 / 4)
-    assert s.stepsize(SimpleNamespace(worker=0)) == pytest.approx(0.8 / 4 * 1 / 4)
-    w = RescaledASGD(lr=0.8, weights=[0.1, 0.2, 0.3, 0.4])
-    w.manager = manager
-    assert w.stepsize(SimpleNamespace(worker=1)) == pytest.approx(0.8 * 0.2 * 4 / 4)
-    manager.online_workers = lambda: [0, 1]  # 2 and 3 left: weights renormalised over the online ones
-    assert w.stepsize(SimpleNamespace(worker=1)) == pytest.approx(0.8 * (0.2 / 0.3) * 4 / 4)
+    from fl_rescaled.stepsizes import TauTable, harmonic_mean
+
+    rng = np.random.default_rng(0)
+    n = 50
+    table, taus, active = TauTable(n), [math.nan] * n, [True] * n
+    for step in range(2000):
+        i = int(rng.integers(n))
+        if rng.random() < 0.1:
+            active[i] = not active[i]
+            table.set_active(i, active[i])
+        else:
+            taus[i] = float(rng.uniform(0.5, 20.0))
+            table.update(i, taus[i])
+        known = [t for t, a in zip(taus, active) if a and not math.isnan(t)]
+        if known:
+            assert table.tau_max == max(known)
+            assert table.tau_h == pytest.approx(harmonic_mean(known), rel=1e-9)
+            assert table.n_known == len(known) and table.n_active == sum(active)
+    fixed = TauTable(4, [1.0, 2.0, 4.0, 4.0])
+    assert (fixed.tau_max, fixed.tau_h) == (4.0, harmonic_mean([1.0, 2.0, 4.0, 4.0]))
+    with pytest.raises(RuntimeError):
+        fixed.update(0, 3.0)
+
+
+def test_rules_compose_and_match_the_formulas():
+    from fl_rescaled.stepsizes import RULES, TauTable, authors, inverse, polynomial, scaled_by, vanilla
+
+    taus = TauTable(len(TAUS), TAUS)
+    for i in range(len(TAUS)):
+        assert RULES["rescaled"]()(0.3, i, taus, 7) == rescaled_stepsize(i, TAUS, 0.3)
+        assert RULES["vanilla"]()(0.3, i, taus, 7) == vanilla_stepsize(TAUS, 0.3)
+    gamma = vanilla_stepsize(TAUS, 0.3)
+    for delay in (0, 4, 10, 40):
+        assert RULES["delay-adaptive"]()(0.3, 0, taus, delay) == delay_adaptive_stepsize(gamma, delay, 10)
+        assert RULES["delay-adaptive"]("authors")(0.3, 0, taus, delay) == delay_adaptive_stepsize(gamma, delay, 10, "authors")
+        assert scaled_by(vanilla(), inverse())(0.3, 0, taus, delay) == gamma / (1 + delay)
+        assert scaled_by(vanilla(), authors())(0.3, 0, taus, delay) == gamma * 10 / max(10, delay)
+        assert scaled_by(vanilla(), polynomial(0.5))(0.3, 0, taus, delay) == pytest.approx(gamma / math.sqrt(1 + delay))

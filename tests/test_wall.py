@@ -121,10 +121,10 @@ def test_cancelling_a_job_whose_reply_is_already_buffered():
         x = np.zeros(1)
         jobs = [m.submit(w, x, 0) for w in range(3)]
         deadline = time.monotonic() + 10
-        while len(m._arrived) < 3 and time.monotonic() < deadline:  # let all three replies be buffered
-            m._accept(list(grid.pull_messages(list(m.inflight))))
+        while len(m.transport.arrived) < 3 and time.monotonic() < deadline:  # all three replies buffered
+            m.transport.accept(list(grid.pull_messages(list(m.inflight))))
             time.sleep(0.01)
-        assert len(m._arrived) == 3
+        assert len(m.transport.arrived) == 3
         first = m.next_completion()
         assert first is not None and first.ok
         cancelled = next(j for j in jobs if j.job_id != first.job.job_id)
@@ -133,6 +133,6 @@ def test_cancelling_a_job_whose_reply_is_already_buffered():
         assert second is not None and second.ok
         assert {first.job.job_id, second.job.job_id, cancelled.job_id} == {j.job_id for j in jobs}
         assert m.books[cancelled.worker].discarded == 1 and m.books[cancelled.worker].jobs_done == 0
-        assert not m.inflight and not m._arrived
+        assert not m.inflight and not m.transport.arrived
     finally:
         grid.close()

@@ -1,0 +1,103 @@
+"""What every task shares: the ``Task`` protocol, the task names and config keys, each job's
+random generator, aligned gradient buffers and local SGD."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+TASKS = ("mnist", "quadratic")
+
+
+@runtime_checkable
+class Task(Protocol):
+    """What the ClientApp and the experiment runner need of a learning task."""
+
+    name: str
+    seed: int
+    batch_size: int
+
+    @property
+    def num_workers(self) -> int: ...
+
+    @property
+    def size(self) -> int: ...
+
+    def initial_params(self, seed: int = 0, x0: float = 0.0) -> np.ndarray: ...
+
+    def gradient(self, x: np.ndarray, worker: int, rng: Any, batch_size: int | None = None): ...
+
+    def evaluate(self, x: np.ndarray) -> dict[str, Any]: ...
+
+
+# Config keys that define a task (everything else in a job config is per-job).
+TASK_KEYS = (
+    "task",
+    "seed",
+    "num-partitions",
+    "batch-size",
+    "dirichlet-alpha",
+    "data-dir",
+    "quad-a",
+    "quad-b",
+    "quad-dim",
+    "noise",
+    "weights",
+    "replica-seeds",
+)
+
+
+#: Byte alignment of every buffer a gradient kernel reads its weights from or writes into.
+ALIGN = 64
+_SCRATCH = threading.local()
+
+
+def aligned_empty(size: int, dtype=np.float32) -> np.ndarray:
+    """An uninitialised 1-D array whose data starts on an ``ALIGN``-byte boundary."""
+    dtype = np.dtype(dtype)
+    raw = np.empty(size * dtype.itemsize + ALIGN, dtype=np.uint8)
+    start = -raw.ctypes.data % ALIGN
+    return raw[start:start + size * dtype.itemsize].view(dtype)
+
+
+def scratch(name: str, size: int) -> np.ndarray:
+    """This thread's aligned float32 buffer ``name`` of ``size`` elements (reused between jobs).
+
+    With several threads, BLAS splits a product's output between them, and how it does so (so
+    the rounding of the result) can depend on the output's address: on this machine a product
+    written to a buffer that is 8 but not 16 bytes aligned differs in the last bit from one
+    written to an aligned buffer. Every gradient is therefore computed into such a buffer.
+    """
+    buf = getattr(_SCRATCH, name, None)
+    if buf is None or buf.shape[0] != size:
+        buf = aligned_empty(size)
+        setattr(_SCRATCH, name, buf)
+    return buf
+
+
+def client_rng(seed: int, partition: int, job_seq: int) -> np.random.Generator:
+    """The generator of one job: a pure function of (run seed, partition id, job number)."""
+    return np.random.default_rng(((int(seed) & 0xFFFFFFFF) << 64) | (int(partition) << 40) | int(job_seq))
+
+
+def local_sgd(task, x: np.ndarray, worker: int, rng: np.random.Generator, steps: int, lr: float,
+              prox: float = 0.0) -> tuple[np.ndarray, float]:
+    """Q local SGD steps from ``x`` on F_i(y) + (prox/2)‖y − x‖²; returns (Δ = x − y_Q, mean loss).
+
+    Δ is accumulated as Σ_q lr · (g_q + prox · (y_q − x)), which is exactly ``lr · g`` for one
+    step, so FedBuff with Q = 1 reproduces a plain ASGD step bit for bit.
+    """
+    x = np.asarray(x)
+    delta = np.zeros(x.shape, dtype=x.dtype)
+    y = x
+    losses = []
+    for _ in range(int(steps)):
+        g, loss = task.gradient(y, worker, rng, task.batch_size)
+        losses.append(float(loss))
+        if prox:
+            g = g + prox * (y - x)
+        delta += (lr * g).astype(x.dtype, copy=False)
+        y = x - delta
+    return delta, float(np.mean(losses)) if losses else 0.0

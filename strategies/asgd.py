@@ -1,0 +1,82 @@
+"""Plain asynchronous SGD with a pluggable stepsize rule, and strategies made from a rule alone."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from fl_rescaled.manager import Completion
+from fl_rescaled.stepsizes import RULES, Rule
+
+from .base import AsyncStrategy
+
+
+class ASGD(AsyncStrategy):
+    """Plain asynchronous SGD (the paper's Algorithm 1) with a stepsize rule.
+
+    Every worker starts on the initial model; each reply is applied the moment it arrives
+    (x ← x − γ g, k += 1) with γ = ``rule(α, worker, τ estimates, delay)``, and the new model goes
+    straight back to the worker that sent it. No buffer, no table, nobody waits.
+
+    Parameters
+    ----------
+    rule : callable or str (default: "vanilla")
+        The stepsize rule: a name in ``fl_rescaled.stepsizes.RULES`` or a rule function
+        ``rule(alpha, worker, taus, delay) -> γ`` (``fl_rescaled.stepsizes`` builds them).
+    lr, reply, jobs_per_node, fraction_evaluate, weighted_by_key, arrayrecord_key, configrecord_key, max_consecutive_rejections
+        As in ``AsyncStrategy``.
+    """
+
+    name = "asgd"
+
+    def __init__(self, *, rule: Rule | str = "vanilla", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if isinstance(rule, str):
+            if rule not in RULES:
+                raise ValueError(f"unknown stepsize rule {rule!r}; choose one of {', '.join(RULES)}")
+            rule = RULES[rule]()
+        self.rule = rule
+
+    def stepsize(self, comp: Completion) -> float:
+        assert self.manager is not None
+        return self.rule(self.lr, comp.worker, self.manager.taus, comp.delay)
+
+    def on_start(self) -> None:
+        for worker in range(self.n):
+            self.on_worker_joined(worker)
+
+    def on_worker_joined(self, worker: int) -> None:
+        self.start_jobs(worker)
+
+    def on_completion(self, comp: Completion) -> None:
+        assert comp.update is not None
+        self.apply(comp.worker, comp.update, self.stepsize(comp))
+        self.submit(comp.worker)
+
+
+def asgd_variant(name: str, factory: Callable[..., Rule]) -> type[ASGD]:
+    """An ASGD strategy class whose stepsize rule is ``factory(**options)``.
+
+    The class's options are the factory's keyword parameters (with their defaults, types and
+    numpydoc descriptions, which the command line and the run config read) plus those of
+    ``AsyncStrategy``; its docstring is the factory's. One registry line,
+    ``"name": asgd_variant("name", stepsizes.my_rule)``, makes a new rule a strategy.
+    """
+    params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in inspect.signature(factory).parameters.values()]
+    names = [p.name for p in params]
+
+    def __init__(self, **kwargs: Any) -> None:
+        own = {k: kwargs.pop(k) for k in names if k in kwargs}
+        ASGD.__init__(self, rule=factory(**own), **kwargs)
+        self.rule_options = {p.name: own.get(p.name, p.default) for p in params}
+
+    def describe(self) -> dict[str, Any]:
+        return {**AsyncStrategy.describe(self), **self.rule_options}
+
+    __init__.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD), *params,
+         inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)])
+    title = "".join(part.capitalize() for part in name.split("-")) + "ASGD"
+    return type(title, (ASGD,), {"__init__": __init__, "describe": describe, "name": name, "rule_factory": factory,
+                                 "__doc__": factory.__doc__, "__module__": factory.__module__})

@@ -1,0 +1,193 @@
+"""One run of an asynchronous strategy: completions in, evaluations out, failure checks."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from flwr.app import ArrayRecord, MetricRecord
+from flwr.serverapp import Grid
+
+from fl_rescaled.clock import Clock, DelayModel, VirtualClock, WallClock
+from fl_rescaled.errors import RunFailed, client_error_text
+from fl_rescaled.manager import NODE_GONE, Completion
+from fl_rescaled.metrics import ProgressBar
+
+from .reporting import AsyncResult, FederatedEvaluation, MetricWindow, fmt_metrics
+
+if TYPE_CHECKING:  # (the strategy imports this module; only its type is needed here)
+    from .base import AsyncStrategy
+
+log = logging.getLogger("flwr.fl_rescaled")
+
+EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
+
+
+def budgets(time_budget: float | None, num_updates: int | None, eval_every: float | None,
+            num_evaluations: int) -> tuple[float, int | None]:
+    """Validated budgets: (time budget, inf if none; server updates, None if none)."""
+    if time_budget is None and num_updates is None:
+        raise ValueError("give a budget: num_updates (server updates) and/or time_budget (time units)")
+    if time_budget is not None and not (time_budget > 0 and math.isfinite(time_budget)):
+        raise ValueError(f"time_budget must be positive and finite, got {time_budget!r}")
+    if num_updates is not None and (isinstance(num_updates, bool) or int(num_updates) != num_updates
+                                    or num_updates < 1):
+        raise ValueError(f"num_updates must be a positive integer, got {num_updates!r}")
+    if eval_every is not None and not eval_every > 0:
+        raise ValueError("eval_every must be positive")
+    if num_evaluations < 1:
+        raise ValueError("num_evaluations must be at least 1")
+    return (float(time_budget) if time_budget is not None else math.inf,
+            int(num_updates) if num_updates is not None else None)
+
+
+def default_clock(grid: Grid, taus: list[float] | None, num_workers: int | None, partition_query: bool) -> Clock:
+    """A virtual clock on an in-process Grid, else (Flower's runtimes) the wall clock."""
+    if getattr(grid, "virtual_time", False):
+        if taus is None:
+            nodes = sorted(int(n) for n in grid.get_node_ids())
+            if partition_query:  # the worker order is the partition order
+                nodes.sort(key=lambda n: int(grid.node_config(n).get("partition-id", 0)))
+            taus = [float(grid.node_config(n).get("tau", 1.0)) for n in nodes]
+            if num_workers is not None:
+                taus = taus[:num_workers]
+            if len(set(taus)) == 1 and len(taus) > 1:
+                log.warning("every node's compute time τ is %g (set 'tau' in the node configs or pass "
+                            "taus): time-proportional stepsizes change nothing", taus[0])
+        return VirtualClock(DelayModel(taus, "fixed"))
+    if taus is not None:
+        raise ValueError("taus define a virtual clock; this Grid runs on the wall clock (pass clock=...)")
+    return WallClock()
+
+class EvalSchedule:
+    """When to evaluate: every ``period`` time units, or every ``updates`` server updates."""
+
+    def __init__(self, period: float, updates: int | None) -> None:
+        self.period, self.updates = period, updates
+        self.step, self.next_time, self.next_updates = 0, 0.0, updates or 0
+
+    def advance(self, version: int) -> None:
+        self.step += 1
+        self.next_time = self.step * self.period
+        if self.updates is not None:
+            self.next_updates = version + self.updates
+
+
+class Run:
+    """One run's loop state: completions in, evaluations out, failure checks."""
+
+    def __init__(self, strategy: AsyncStrategy, result: AsyncResult, schedule: EvalSchedule,
+                 evaluate_fn: EvaluateFn | None, fed_eval: FederatedEvaluation, bar: ProgressBar, *,
+                 by_time: bool) -> None:
+        self.s, self.result, self.schedule, self.by_time = strategy, result, schedule, by_time
+        self.evaluate_fn, self.fed_eval, self.bar = evaluate_fn, fed_eval, bar
+        self.window = MetricWindow(strategy.weighted_by_key)
+        manager = strategy.manager
+        assert manager is not None
+        self.manager = manager
+        self.answered = [False] * manager.num_workers
+        self.consecutive = 0
+        self.limit = strategy.max_consecutive_rejections or max(20, 2 * manager.num_workers)
+
+    def loop(self, budget: float, max_updates: int | None) -> None:
+        s, manager, schedule = self.s, self.manager, self.schedule
+        t = 0.0
+        comp = None
+        while True:
+            comp = manager.next_completion(budget)
+            if comp is None and manager.joined:
+                for worker in manager.pop_joined():
+                    s.on_worker_joined(worker)
+                continue
+            t = comp.time if comp is not None else (budget if math.isfinite(budget) else manager.clock.now)
+            # Evaluation points strictly before this event see the model as it was; an event at
+            # exactly an evaluation time is applied first (the model "at time t" includes it).
+            while schedule.next_time < t - 1e-12 or (comp is None and schedule.next_time <= budget * (1 + 1e-12)):
+                self.evaluate(schedule.next_time)
+            if comp is None:
+                if math.isinf(budget):
+                    raise RunFailed("no job is in flight and no update budget is left to reach: the run "
+                                    f"stopped after {manager.version} of {max_updates} updates",
+                                    manager.books_summary())
+                break
+            self.handle(comp, t)
+            if schedule.updates is not None and manager.version >= schedule.next_updates:
+                self.evaluate(comp.time)
+            if max_updates is not None and manager.version >= max_updates:
+                break
+        t_end = t if comp is None else comp.time  # the budget, or the time of the last update
+        last = s.history[-1] if s.history else None
+        if last is None or last["time"] < t_end - 1e-9 * max(1.0, abs(t_end)) or last["updates"] != manager.version:
+            self.evaluate(t_end)
+
+    def handle(self, comp: Completion, t: float) -> None:
+        s, manager = self.s, self.manager
+        if comp.ok:
+            self.consecutive = 0
+            self.answered[comp.worker] = True
+            if "nonfinite-replicas" in comp.metrics:
+                s.freeze(comp.metrics["nonfinite-replicas"], t)
+            self.window.add(comp.metrics)
+            if comp.carried and s.reply == "model":
+                s.carried.update(comp.carried)
+            s.on_completion(comp)
+        else:
+            if comp.rejected not in NODE_GONE:
+                self.consecutive += 1
+                self.answered[comp.worker] = True
+            s.on_rejected(comp)
+        if s.on_event is not None:
+            s.on_event(comp, s.x)
+        if manager.accepted == 0 and all(self.answered):
+            raise RunFailed(self.failure("no reply could be used: every worker answered and all "
+                                         f"{sum(manager.rejections.values())} replies were rejected"),
+                            manager.books_summary())
+        if self.consecutive >= self.limit:
+            raise RunFailed(self.failure(f"{self.consecutive} replies in a row were rejected"), manager.books_summary())
+
+    def failure(self, what: str) -> str:
+        first = self.manager.first_rejection
+        if first is None:
+            return f"the run cannot make progress: {what}"
+        reason, detail = first
+        text = client_error_text(detail) if reason.startswith("error-code") else detail
+        return f"the run cannot make progress: {what}. The first rejection ({reason}): {text}"
+
+    def evaluate(self, t: float) -> None:
+        s, manager, schedule, result = self.s, self.manager, self.schedule, self.result
+        assert s.layout is not None
+        step = schedule.step
+        row: dict[str, Any] = {"time": float(t)}
+        row.update(manager.summary(t))
+        row["stored_vectors"] = s.stored_vectors()
+        stamp = {"time": float(t), "updates": manager.version}
+        arrays = None
+        if self.evaluate_fn is not None:
+            arrays = s.layout.to_record(s.x, s.carried)
+            res = self.evaluate_fn(step, arrays)
+            if res is not None:
+                row.update(dict(res))
+                rec = MetricRecord(dict(res))
+                rec.update({**stamp, "cumulative-stepsize": manager.stepsize_sum})
+                result.evaluate_metrics_serverapp[step] = rec
+        train = self.window.record()
+        if train:
+            row["train_metrics"] = train
+            result.train_metrics_clientapp[step] = MetricRecord({**train, "replies": self.window.replies, **stamp})
+        fed = None
+        if s.fraction_evaluate > 0:
+            nodes = [b.node_id for b in manager.books if b.online]
+            fed = self.fed_eval.run(step, arrays or s.layout.to_record(s.x, s.carried), nodes)
+        if fed is not None:
+            row["evaluate_metrics"] = fed
+            result.evaluate_metrics_clientapp[step] = MetricRecord({**fed, **stamp})
+        s.history.append(row)
+        server = result.evaluate_metrics_serverapp.get(step)
+        log.info("[t=%g | %d updates] train: %s%s%s", t, manager.version, fmt_metrics(train),
+                 f" | server eval: {fmt_metrics({k: v for k, v in server.items() if k not in stamp})}" if server else "",
+                 f" | federated eval: {fmt_metrics(fed)}" if fed is not None else "")
+        self.bar.update(t if self.by_time else manager.version, row)
+        self.window.clear()
+        schedule.advance(manager.version)
