@@ -265,5 +265,19 @@ def delay_adaptive(rule: str = "inverse") -> Rule:
     return scaled_by(vanilla(), STALENESS[rule]())
 
 
+def damped_rescaled(exponent: float = 0.5) -> Rule:
+    """Rescaled ASGD with its steps discounted by staleness: γ_i · (1 + δ)^(−p).
+
+    A stale reply moves the model less. Slow workers' replies are the stale ones, so the discount
+    tilts the mix back toward the fast workers (p = 0 is Rescaled ASGD; larger p, more tilt).
+
+    Parameters
+    ----------
+    exponent : float (default: 0.5)
+        p, the staleness exponent (non-negative).
+    """
+    return scaled_by(rescaled(), polynomial(exponent))
+
+
 #: Stepsize rules by name: what ``ASGD(rule=...)`` accepts and the registry builds strategies from.
 RULES: dict[str, Callable[..., Rule]] = {"rescaled": rescaled, "vanilla": vanilla, "delay-adaptive": delay_adaptive}

@@ -4,6 +4,8 @@
 and the paper study build strategies from it and read each one's options from its constructor.
 """
 
+from fl_rescaled.stepsizes import damped_rescaled
+
 from .asgd import ASGD, asgd_variant
 from .base import AsyncStrategy
 from .concurrent import ConcurrentASGD
@@ -28,6 +30,7 @@ STRATEGIES: dict[str, type[AsyncStrategy]] = {
     "concurrent": ConcurrentASGD,
     "fedasync": FedAsync,
     "fedbuff": FedBuff,
+    "damped-rescaled": asgd_variant("damped-rescaled", damped_rescaled),
 }
 
 __all__ = [

@@ -134,3 +134,22 @@ def test_rules_compose_and_match_the_formulas():
         assert scaled_by(vanilla(), inverse())(0.3, 0, taus, delay) == gamma / (1 + delay)
         assert scaled_by(vanilla(), authors())(0.3, 0, taus, delay) == gamma * 10 / max(10, delay)
         assert scaled_by(vanilla(), polynomial(0.5))(0.3, 0, taus, delay) == pytest.approx(gamma / math.sqrt(1 + delay))
+
+
+def test_damped_rescaled_is_a_strategy_with_its_option_everywhere():
+    from conftest import quad
+
+    from fl_rescaled.stepsizes import TauTable, damped_rescaled
+    from fl_rescaled.strategies import options
+
+    taus = TauTable(len(TAUS), TAUS)
+    assert damped_rescaled(0.5)(0.3, 4, taus, 3) == pytest.approx(rescaled_stepsize(4, TAUS, 0.3) / 2)
+    assert damped_rescaled(0.0)(0.3, 4, taus, 3) == rescaled_stepsize(4, TAUS, 0.3)
+    (option,) = options.strategy_options("damped-rescaled")  # --damped-rescaled-exponent, run config too
+    assert (option.key, option.default) == ("damped-rescaled-exponent", 0.5)
+    assert options.parse_options("damped-rescaled", "exponent=1") == {"exponent": 1.0}
+    # The first toy (τ = 1, 2): the discount tilts Rescaled's equal-weight point −2/3 toward the
+    # fast worker's minimiser 4, and more so the larger p.
+    kw = dict(task="quadratic", taus=[1, 2], quad_a=[1, 2], quad_b=[4, -3], lr=0.01, budget=3000)
+    x = [quad(strategy="damped-rescaled", options={"exponent": p}, **kw)["final_params"][0] for p in (0.0, 0.5, 1.0)]
+    assert x[0] == pytest.approx(-2 / 3, abs=0.02) and x[0] < x[1] < x[2] < 4
