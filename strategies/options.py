@@ -65,7 +65,8 @@ def parse_value(kind: str, optional: bool, key: str, text: str) -> Any:
             return values
         return text
     except ValueError:
-        expected = {"floats": "comma-separated numbers", "bool": "true or false"}.get(kind, f"a {kind}")
+        expected = {"floats": "comma-separated numbers", "bool": "true or false", "int": "an integer",
+                    "float": "a number"}.get(kind, f"a {kind}")
         raise ValueError(f"--{key}: expected {expected}, got {text!r}") from None
 
 
