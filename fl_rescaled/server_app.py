@@ -26,6 +26,8 @@ app = ServerApp()
 
 #: The run-config keys besides the RunSpec fields.
 STRATEGY_OPTIONS_KEY = "strategy-options"
+#: What starts the line with the run's JSON outcome in the ServerApp's output (deployments read it).
+RESULT_PREFIX = "fl-rescaled result: "
 
 
 def run_config_keys() -> set[str]:
@@ -56,6 +58,6 @@ def main(grid: Grid, context: Context) -> None:
     spec = spec_from_run_config(dict(context.run_config))
     log.info("fl-rescaled run: %s", spec)
     outcome = run(spec, grid=grid)
-    print("fl-rescaled result: " + to_json(outcome), flush=True)
+    print(RESULT_PREFIX + to_json(outcome), flush=True)
     if spec.out:
         log.info("outputs in %s", spec.out)

@@ -2,7 +2,9 @@
 
 Each test starts its own deployment with ``scripts/deploy_local.py`` (loopback, free ports, a
 scratch FLWR_HOME, no runtime dependency installation) and reads the ServerApp's JSON result.
-Three deployments in all, about 7 minutes on a 2-core machine.
+Four deployments in all, about 8 minutes on a 2-core machine: three insecure ones (below), and one
+with ``--secure --intruders 1`` (TLS, SuperNode authentication, a SuperNode with an unregistered
+key; about 50 s; see the section "secure deployment" further down).
 
 Quadratic task, F_i(x) = (x − b_i)²/2 with b = (0, 3, 6), no gradient noise, emulated compute
 times τ = (1, 2, 4) × 3 s, two jobs in flight per node, wall clock. In a deployment each node's
@@ -26,6 +28,7 @@ minutes for the three deployments.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import os
@@ -35,8 +38,16 @@ import sys
 from pathlib import Path
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import load_ssh_private_key
+from flwr.cli.supernode.register import try_load_public_key  # what `flwr supernode register` reads keys with
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT / "scripts") not in sys.path:  # scripts/deploy/, as scripts/deploy_local.py imports it
+    sys.path.insert(0, str(ROOT / "scripts"))
+
+from deploy import credentials, evidence  # noqa: E402
 SCRIPT = ROOT / "scripts" / "deploy_local.py"
 BIN = Path(sys.executable).parent
 B = (0.0, 3.0, 6.0)
@@ -44,8 +55,9 @@ X_EQ = sum(B) / len(B)
 TOL = 0.5
 MIN_GAP = 0.3
 QUAD = "quad-a='1,1,1' quad-b='0,3,6' noise=0.0 quad-x0=0.0"
-COMPARE = f"clock='wall' emulate='fixed' time-unit=3.0 budget=45.0 lr=0.1 jobs-per-node=2 ttl=90.0 {QUAD}"
-KILL = f"clock='wall' emulate='fixed' time-unit=0.5 budget=150.0 lr=0.05 jobs-per-node=2 ttl=20.0 {QUAD}"
+TWO_JOBS = "strategy-options='jobs-per-node=2'"  # two jobs in flight per node (docs/deployment.md)
+COMPARE = f"clock='wall' emulate='fixed' time-unit=3.0 budget=45.0 lr=0.1 {TWO_JOBS} ttl=90.0 {QUAD}"
+KILL = f"clock='wall' emulate='fixed' time-unit=0.5 budget=150.0 lr=0.05 {TWO_JOBS} ttl=20.0 {QUAD}"
 
 needs_flower = pytest.mark.skipif(
     not all((BIN / exe).exists() for exe in ("flwr", "flower-superlink", "flower-supernode"))
@@ -59,10 +71,11 @@ def deployment_test(fn):
     return pytest.mark.deploy(pytest.mark.slow(needs_flower(fn)))
 
 
-def deploy(tmp_path: Path, name: str, run_config: str, *extra: str, timeout: float = 420.0) -> dict:
+def deploy(tmp_path: Path, name: str, run_config: str, *extra: str, timeout: float = 420.0,
+           nodes: int = 3, taus: str = "1,2,4") -> dict:
     """Run one local deployment; return the result JSON (with its ``deployment`` section)."""
     out = tmp_path / f"{name}.json"
-    cmd = [sys.executable, str(SCRIPT), "--nodes", "3", "--taus", "1,2,4", "--quiet",
+    cmd = [sys.executable, str(SCRIPT), "--nodes", str(nodes), "--taus", taus, "--quiet",
            "--timeout", str(timeout - 30), "--tmp-dir", str(tmp_path), "--json-out", str(out),
            "--run-config", run_config, *extra]
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLWR_")}
@@ -169,3 +182,91 @@ def test_run_config_keys_are_checked(tmp_path):
                            "--run-config", "no-such-key=1"], capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
     assert "no-such-key" in proc.stdout + proc.stderr
+
+
+# ---------------------------------------------------------------- secure deployment (--secure)
+# Two SuperNodes with registered keys, TLS everywhere the script can reach, and one intruder: a
+# SuperNode with a fresh key that was never registered, started once a registered node has replied
+# to a job (the ServerApp is then handing out jobs to every node the SuperLink lists). One
+# deployment of ~20 s wall budget (about 50 s in all) serves both tests.
+SECURE = (f"strategy='rescaled' clock='wall' emulate='fixed' time-unit=1.0 budget=20.0 lr=0.1 {TWO_JOBS} "
+          "ttl=60.0 quad-a='1,1' quad-b='0,3' noise=0.0 quad-x0=0.0")
+
+
+@pytest.fixture(scope="module")
+def secure_run(tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("secure")
+    return deploy(tmp, "secure", SECURE, "--secure", "--intruders", "1", nodes=2, taus="1,1", timeout=300.0)
+
+
+@deployment_test
+def test_a_secure_deployment_trains_the_registered_supernodes(secure_run):
+    res, dep = secure_run, secure_run["deployment"]
+    info = json.dumps({k: res[k] for k in ("updates_per_worker", "lost_per_worker", "rejected")}) + str(dep)
+    assert dep["secure"] is True, info
+    assert dep["tls_health"] is True and dep["plain_http_health"] is False, info  # TLS only, verified by our CA
+    registered = dep["registered_node_ids"]
+    assert len(set(registered)) == 2, info
+    assert res["final_time"] == pytest.approx(res["budget"]), info  # the run went to the end
+    assert len(res["updates_per_worker"]) == 2 and all(c > 0 for c in res["updates_per_worker"]), info
+    assert res["num_updates"] == sum(res["updates_per_worker"]), info
+    assert sum(res["lost_per_worker"]) == 0 and not res["rejected"], info
+    assert sorted(dep["reply_node_ids"]) == sorted(registered), info  # the SuperLink took replies from both
+    assert all(math.isfinite(v) for v in res["final_params"]) and res["final_params"][0] > 0.0, info
+
+
+@deployment_test
+def test_a_supernode_with_an_unregistered_key_is_refused_and_gets_no_job(secure_run):
+    res, dep = secure_run, secure_run["deployment"]
+    info = str(dep)
+    [intruder] = dep["intruders"]
+    # its own log: refused at activation (ApiErrorCode 2004), and the process exited
+    assert intruder["exit_code"] not in (None, 0), info
+    assert intruder["refusal"].startswith("[code: 2004] Failed to activate SuperNode"), info
+    # the SuperLink's log names the refused key, and it is the intruder's public key
+    assert intruder["superlink_refused_key"] is True and intruder["refused"] is True, info
+    # refused while the run was still handing out jobs, and it never received a message
+    assert dep["intruders_started_at_seconds"] < dep["run_seconds"], info
+    assert intruder["refused_at"] < dep["last_reply_at"], info
+    assert intruder["messages_received"] == 0, info
+    # the SuperLink lists the registered nodes only, and the run's books count two workers
+    assert sorted(nd["node_id"] for nd in dep["superlink_nodes"]) == sorted(dep["registered_node_ids"]), info
+    assert len(res["updates_per_worker"]) == len(res["lost_per_worker"]) == 2, info
+
+
+def test_secure_credentials_are_what_flower_reads(tmp_path):
+    """The CA, the server certificate (SANs 127.0.0.1 and localhost) and a SuperNode key pair in
+    the formats flower-supernode and `flwr supernode register` load (cheap; runs everywhere)."""
+    tls = credentials.write_tls(tmp_path / "tls")
+    ca = x509.load_pem_x509_certificate(tls.ca_cert.read_bytes())
+    server = x509.load_pem_x509_certificate(tls.server_cert.read_bytes())
+    server.verify_directly_issued_by(ca)
+    san = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert san.get_values_for_type(x509.DNSName) == ["localhost"]
+    assert san.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("127.0.0.1")]
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    key = credentials.write_node_key(tmp_path / "keys", "node0")
+    assert key.private.stat().st_mode & 0o777 == 0o600 and tls.server_key.stat().st_mode & 0o777 == 0o600
+    private = load_ssh_private_key(key.private.read_bytes(), None)  # as flower-supernode does
+    assert isinstance(private, ec.EllipticCurvePrivateKey) and private.curve.name == "secp384r1"
+    pem = try_load_public_key(key.public)
+    assert key.spki_base64() in pem.decode().replace("\n", "")
+
+
+def test_refusals_are_read_from_the_superlink_log(tmp_path):
+    """The SuperLink's ApiError:2004 line is matched to the refused key (cheap; runs everywhere)."""
+    key = credentials.write_node_key(tmp_path, "intruder0")
+    body = key.spki_base64()
+    pem = "-----BEGIN PUBLIC KEY-----\\n" + "\\n".join(body[i:i + 64] for i in range(0, len(body), 64))
+    line = ("1.0 ERROR :     [/v1/fleet/activate-node][ApiError:2004] Attempted to register SuperNode with "
+            f"public key: b'{pem}\\n-----END PUBLIC KEY-----\\n', exception: No SuperNode found")
+    assert evidence.refused_keys(line) == {body}
+    assert evidence.refused_keys(line.replace("2004", "2001")) == set()
+    log = "x [Fleet.PushMessages] Push replies from node_id=12\ny Push replies from node_id=3\nz node_id=12"
+    assert evidence.reply_node_ids(log + "\nPush replies from node_id=12") == [12, 3]
+
+
+def test_intruders_need_secure(tmp_path):
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--nodes", "1", "--intruders", "1", "--tmp-dir",
+                           str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--intruders needs --secure" in proc.stderr
