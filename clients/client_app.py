@@ -59,7 +59,7 @@ def train(msg: Message, context: Context) -> Message:
     (key, arr), = content[arrays_key].items()  # the tasks here keep their model in one flat array
     x = decode_array(arr)
     seq = int(cfg["job-seq"])
-    rng = job_rng(task, pid, seq)
+    rng = job_rng(task, pid, seq) if getattr(task, "needs_rng", True) else None
     if cfg.get("mode", "gradient") == "local":
         steps = int(cfg["local-steps"])
         delta, loss = local_sgd(task, x, pid, rng, steps, float(cfg["local-lr"]), float(cfg.get("prox", 0.0)))

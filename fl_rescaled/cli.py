@@ -52,9 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
     run = p.add_argument_group("the run (RunSpec)")
     for f in spec_fields():
         if f.name not in _SPECIAL:
-            default = f"; default {f.default}" if f.default not in (None, "") else ""
-            run.add_argument(f"--{f.key}", type=_typed(f.parse), default=None, metavar=f.kind.upper(),
-                             help=f"{f.help}{default}")
+            default = f"; default {f.default}" if f.default not in (None, "", False) else ""
+            if f.kind == "bool":
+                run.add_argument(f"--{f.key}", action="store_true", default=None, help=f.help)
+            else:
+                run.add_argument(f"--{f.key}", type=_typed(f.parse), default=None, metavar=f.kind.upper(),
+                                 help=f"{f.help}{default}")
     common = p.add_argument_group("options of every strategy (AsyncStrategy)")
     for o in options.common_options():
         if o.name != "lr":  # (a RunSpec field)

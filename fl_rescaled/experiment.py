@@ -172,9 +172,12 @@ def _start(spec: RunSpec, cfg: dict[str, Any], task, strategy: AsyncStrategy, x0
            observers: list[ManagerObserver] | None = None) -> float:
     """Build the grid and clock the spec asks for (unless given), run the strategy's loop on them;
     return the wall seconds the loop took."""
+    if spec.task == "mnist":
+        _set_torch_threads(spec.torch_threads)
     if grid is None:
         # On the wall clock every node computes on its own thread, as real nodes would.
-        grid = InProcessGrid(client_app, spec.num_clients, seed=spec.seed, threaded=spec.clock == "wall")
+        grid = InProcessGrid(client_app, spec.num_clients, seed=spec.seed, threaded=spec.clock == "wall",
+                             workers=spec.workers if spec.clock == "virtual" else 1, ahead=spec.ahead)
     train_config: dict[str, Any] = {"task": task_spec(cfg), **local_training(spec, strategy)}
     manager_options: dict[str, Any] = {"tau_estimator": spec.tau_estimator}
     if clock is None:
@@ -202,6 +205,14 @@ def _start(spec: RunSpec, cfg: dict[str, Any], task, strategy: AsyncStrategy, x0
             observers=observers,
         )
     return time.perf_counter() - wall0
+
+
+def _set_torch_threads(threads: int) -> None:
+    """One setting for every job and evaluation of a run (the in-process pool mirrors it)."""
+    import torch  # heavy: only MNIST runs need it
+
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
 
 
 @contextmanager

@@ -36,6 +36,8 @@ def run_inprocess(
     app_dir: str | Path | None = None,
     seed: int = 0,
     threaded: bool = False,
+    workers: int = 1,
+    ahead: bool = True,
 ) -> Context:
     """Run ``server_app`` against ``num_supernodes`` nodes of ``client_app`` in this process.
 
@@ -57,6 +59,14 @@ def run_inprocess(
         Seeds the node ids.
     threaded : bool (default: False)
         Run each node on its own thread (the wall clock) instead of on demand (the virtual clock).
+    workers : int (default: 1)
+        Virtual clock: threads that compute the jobs in flight as soon as they are sent, and the
+        strategy's central evaluations, while its loop goes on (``InProcessGrid``). The run's
+        trajectory is the same for any value; ClientApps whose work releases the GIL (torch
+        training loops) run in parallel.
+    ahead : bool (default: True)
+        With ``workers`` ≥ 2: compute the jobs on the pool as soon as they are sent (False: only the
+        evaluations run there).
 
     Returns
     -------
@@ -68,7 +78,7 @@ def run_inprocess(
     if node_configs is not None and len(node_configs) != num_supernodes:
         raise ValueError(f"node_configs has {len(node_configs)} entries for {num_supernodes} nodes")
     grid = InProcessGrid(client_app, num_supernodes, run_config=config, node_configs=node_configs, seed=seed,
-                         threaded=threaded)
+                         threaded=threaded, workers=workers, ahead=ahead)
     context = Context(run_id=grid.run.run_id, node_id=SUPERLINK_NODE_ID, node_config={}, state=RecordDict(),
                       run_config=dict(config))
     try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import typing
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,6 +62,14 @@ class RunSpec:
     emulate: str = _f("", "wall clock: fixed | exponential: clients sleep τ_i time units per job")
     tau_estimator: str = _f("interval", "wall clock: interval (between deliveries) | compute (reported by clients)")
     ttl: float = _f(3600.0, "seconds a job may take before it counts as lost")
+    workers: int | None = _f(None, "in-process Grid, virtual clock: threads that run the evaluations while the "
+                                   "event loop goes on, and with --ahead the jobs in flight too (default: the "
+                                   "machine's cores; 1: everything in turn); the trajectory is the same for any value")
+    ahead: bool = _f(False, "compute the jobs in flight on the --workers threads as soon as they are sent (pays off "
+                            "when a job's work releases the GIL, as a CNN's local epochs do; the MNIST MLP's one "
+                            "minibatch gradient does not: see the README)")
+    torch_threads: int = _f(1, "torch threads per job and per evaluation (the same for any --workers, so "
+                               "trajectories match; the paper study ran with 1)")
     out: str | None = _f(None, "a folder for the CSV, PNG and checkpoint of the run")
     progress: bool = field(default=False, metadata={"cli": False})
     extra: dict[str, Any] = field(default_factory=dict, metadata={"cli": False})
@@ -89,7 +98,9 @@ class RunSpec:
         for name in ("eval_every", "local_lr"):
             if getattr(s, name) is not None:
                 _positive(name, getattr(s, name))
-        for name in ("batch_size", "local_steps", "quad_dim"):
+        if s.workers is None:
+            s.workers = available_cores()
+        for name in ("batch_size", "local_steps", "quad_dim", "workers", "torch_threads"):
             if getattr(s, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
         for name in ("dirichlet_alpha", "noise", "prox"):
@@ -122,6 +133,14 @@ class RunSpec:
         return cfg
 
 
+def available_cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # (not on Linux)
+        return max(1, os.cpu_count() or 1)
+
+
 def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ValueError(f"unknown {name} {value!r}; choose one of {', '.join(c or repr(c) for c in choices)}")
@@ -138,7 +157,7 @@ class SpecField:
 
     name: str  # "eval_every"
     key: str  # "eval-every"
-    kind: str  # "float" | "int" | "str" | "floats"
+    kind: str  # "float" | "int" | "str" | "bool" | "floats"
     optional: bool
     default: Any
     help: str
@@ -159,7 +178,7 @@ def spec_fields() -> list[SpecField]:
         args = typing.get_args(hint)
         optional = type(None) in args
         base = next((a for a in args if a is not type(None)), hint)
-        kind = "floats" if typing.get_origin(base) is list else {float: "float", int: "int"}.get(base, "str")
+        kind = "floats" if typing.get_origin(base) is list else {bool: "bool", float: "float", int: "int"}.get(base, "str")
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         out.append(SpecField(f.name, f.name.replace("_", "-"), kind, optional, default, f.metadata["help"]))
     return out

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from flwr.app import ArrayRecord, MetricRecord
@@ -84,6 +86,9 @@ class Run:
         self.s, self.result, self.schedule, self.by_time = strategy, result, schedule, by_time
         self.evaluate_fn, self.fed_eval, self.bar = evaluate_fn, fed_eval, bar
         self.window = MetricWindow(strategy.weighted_by_key)
+        #: Evaluation points whose central evaluation may still run on the Grid's pool, in order.
+        self.pending: deque[tuple] = deque()
+        self.submit = getattr(fed_eval.grid, "submit", None)
         manager = strategy.manager
         assert manager is not None
         self.manager = manager
@@ -121,6 +126,7 @@ class Run:
         last = s.history[-1] if s.history else None
         if last is None or last["time"] < t_end - 1e-9 * max(1.0, abs(t_end)) or last["updates"] != manager.version:
             self.evaluate(t_end)
+        self.drain(block=True)
 
     def handle(self, comp: Completion, t: float) -> None:
         s, manager = self.s, self.manager
@@ -156,38 +162,54 @@ class Run:
         return f"the run cannot make progress: {what}. The first rejection ({reason}): {text}"
 
     def evaluate(self, t: float) -> None:
+        """One evaluation point: the books and the reply metrics now; the central evaluation on the
+        Grid's pool when it has one (the loop goes on meanwhile), else here; federated evaluation."""
         s, manager, schedule, result = self.s, self.manager, self.schedule, self.result
         assert s.layout is not None
         step = schedule.step
         row: dict[str, Any] = {"time": float(t)}
         row.update(manager.summary(t))
         row["stored_vectors"] = s.stored_vectors()
-        stamp = {"time": float(t), "updates": manager.version}
+        stamp = {"time": float(t), "updates": manager.version, "cumulative-stepsize": manager.stepsize_sum}
         arrays = None
+        server: Any = None
         if self.evaluate_fn is not None:
             arrays = s.layout.to_record(s.x, s.carried)
-            res = self.evaluate_fn(step, arrays)
-            if res is not None:
-                row.update(dict(res))
-                rec = MetricRecord(dict(res))
-                rec.update({**stamp, "cumulative-stepsize": manager.stepsize_sum})
-                result.evaluate_metrics_serverapp[step] = rec
+            server = self.submit(self.evaluate_fn, step, arrays) if self.submit is not None else None
+            if server is None:
+                server = self.evaluate_fn(step, arrays)
         train = self.window.record()
         if train:
             row["train_metrics"] = train
-            result.train_metrics_clientapp[step] = MetricRecord({**train, "replies": self.window.replies, **stamp})
+            result.train_metrics_clientapp[step] = MetricRecord({**train, "replies": self.window.replies,
+                                                                 "time": stamp["time"], "updates": stamp["updates"]})
         fed = None
         if s.fraction_evaluate > 0:
             nodes = [b.node_id for b in manager.books if b.online]
             fed = self.fed_eval.run(step, arrays or s.layout.to_record(s.x, s.carried), nodes)
         if fed is not None:
             row["evaluate_metrics"] = fed
-            result.evaluate_metrics_clientapp[step] = MetricRecord({**fed, **stamp})
+            result.evaluate_metrics_clientapp[step] = MetricRecord({**fed, "time": stamp["time"],
+                                                                    "updates": stamp["updates"]})
         s.history.append(row)
-        server = result.evaluate_metrics_serverapp.get(step)
-        log.info("[t=%g | %d updates] train: %s%s%s", t, manager.version, fmt_metrics(train),
-                 f" | server eval: {fmt_metrics({k: v for k, v in server.items() if k not in stamp})}" if server else "",
-                 f" | federated eval: {fmt_metrics(fed)}" if fed is not None else "")
-        self.bar.update(t if self.by_time else manager.version, row)
+        self.pending.append((step, row, stamp, train, fed, server))
         self.window.clear()
         schedule.advance(manager.version)
+        self.drain(block=False)
+
+    def drain(self, block: bool) -> None:
+        """Finish the evaluation points whose central evaluation is done, in order (all: ``block``)."""
+        while self.pending:
+            step, row, stamp, train, fed, server = self.pending[0]
+            if isinstance(server, Future):
+                if not (block or server.done()):
+                    return
+                server = server.result()
+            self.pending.popleft()
+            if server is not None:
+                row.update(dict(server))
+                self.result.evaluate_metrics_serverapp[step] = MetricRecord({**dict(server), **stamp})
+            log.info("[t=%g | %d updates] train: %s%s%s", stamp["time"], stamp["updates"], fmt_metrics(train),
+                     f" | server eval: {fmt_metrics(dict(server))}" if server is not None else "",
+                     f" | federated eval: {fmt_metrics(fed)}" if fed is not None else "")
+            self.bar.update(stamp["time"] if self.by_time else stamp["updates"], row)

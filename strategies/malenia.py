@@ -54,6 +54,7 @@ class MaleniaSGD(AsyncStrategy):
     def on_start(self) -> None:
         self.G = np.zeros((self.n, self.x.size), dtype=self.x.dtype)
         self.B = np.zeros(self.n, dtype=np.int64)
+        self.delivered, self.inv_sum = 0, 0.0  # workers with B_i > 0 and Σ 1/B_i over them (O(1) per event)
         self.round_version = 0
         for worker in range(self.n):
             self.submit(worker)
@@ -62,6 +63,10 @@ class MaleniaSGD(AsyncStrategy):
         """Every online worker has delivered (and, with S, the harmonic mean of their counts is
         above S/n). A worker whose node is gone (wall clock) is not waited for."""
         assert self.manager is not None
+        if self.manager.clock.virtual:  # everyone is online: the running counts decide
+            if self.delivered < self.n:
+                return False
+            return self.S is None or self.n / self.inv_sum > self.S / self.n
         waited = self.B[self.manager.online_workers()]
         if waited.size == 0 or np.any(waited == 0):
             return False
@@ -80,6 +85,11 @@ class MaleniaSGD(AsyncStrategy):
         i = comp.worker
         self.G[i] += comp.update
         self.B[i] += 1
+        if self.B[i] == 1:
+            self.delivered += 1
+        else:
+            self.inv_sum -= 1.0 / (self.B[i] - 1)
+        self.inv_sum += 1.0 / self.B[i]
         if not self._round_done():
             self.manager.resend(i)  # keep computing on the same x^k
             return
@@ -100,6 +110,7 @@ class MaleniaSGD(AsyncStrategy):
         self.round_version = self.manager.version
         self.G[:] = 0
         self.B[:] = 0
+        self.delivered, self.inv_sum = 0, 0.0
         for job in self.manager.pending_jobs():
             self.manager.cancel(job)
         for worker in self.manager.online_workers():

@@ -47,6 +47,8 @@ class MinibatchSGD(AsyncStrategy):
         """Every online worker has delivered this round's gradient (wall clock: a worker whose
         node left is not waited for)."""
         assert self.manager is not None
+        if self.manager.clock.virtual:  # everyone is online: O(1) per arrival
+            return len(self.arrived) == self.n
         return bool(self.arrived) and all(w in self.arrived for w in self.manager.online_workers())
 
     def on_completion(self, comp: Completion) -> None:

@@ -109,7 +109,10 @@ class FederatedEvaluation:
         window = MetricWindow(self.weighted_by_key)
         errors: list[str] = []
         deadline = time.monotonic() + self.timeout
+        wait = getattr(self.grid, "wait_messages", None)  # an in-process Grid computing ahead
         while ids and time.monotonic() < deadline:
+            if wait is not None:
+                wait(list(ids), timeout=max(0.0, deadline - time.monotonic()))
             got = list(self.grid.pull_messages(list(ids)))
             for rep in got:
                 ids.discard(rep.metadata.reply_to_message_id)

@@ -60,6 +60,7 @@ class RingleaderASGD(AsyncStrategy):
         self.b = np.zeros(n, dtype=np.int64)
         self.G_next = np.zeros((n, d), dtype=self.x.dtype)
         self.b_next = np.zeros(n, dtype=np.int64)
+        self.filled = self.filled_next = 0  # workers with b_i ≥ 1 in each table (O(1) per event)
         self.phase = 1
         self.P: set[int] = set()
         self.max_stored = 0
@@ -86,6 +87,7 @@ class RingleaderASGD(AsyncStrategy):
         if self.phase == 1:
             self.G[i] += comp.update
             self.b[i] += 1
+            self.filled += int(self.b[i] == 1)
             if self._gathered():
                 self._first_update(i)
             else:
@@ -93,6 +95,7 @@ class RingleaderASGD(AsyncStrategy):
         elif i in self.P:
             self.G[i] += comp.update
             self.b[i] += 1
+            self.filled += int(self.b[i] == 1)
             self.P.discard(i)
             self._step(i)
             if not self.P:
@@ -100,6 +103,7 @@ class RingleaderASGD(AsyncStrategy):
         else:
             self.G_next[i] += comp.update
             self.b_next[i] += 1
+            self.filled_next += int(self.b_next[i] == 1)
             self._keep_working(i)
         self.max_stored = max(self.max_stored, self.stored_vectors())
 
@@ -107,6 +111,8 @@ class RingleaderASGD(AsyncStrategy):
         """Phase 1 is over when every online worker has a gradient in the table (wall clock: a
         worker whose node left is not waited for)."""
         assert self.manager is not None
+        if self.manager.clock.virtual:  # everyone is online: the running count decides (O(1))
+            return self.filled == self.n
         online = self.manager.online_workers()
         return bool(online) and bool(np.all(self.b[online] >= 1))
 
@@ -134,6 +140,7 @@ class RingleaderASGD(AsyncStrategy):
     def _new_round(self) -> None:
         self.G, self.G_next = self.G_next, self.G
         self.b, self.b_next = self.b_next, self.b
+        self.filled, self.filled_next = self.filled_next, 0
         self.G_next[:] = 0
         self.b_next[:] = 0
         self.phase = 1

@@ -83,7 +83,10 @@ class Transport:
         """Block until the reply to ``job`` has arrived (virtual clock); None past its TTL."""
         mid = job.message_id
         deadline = job.pushed_at + self.ttl
+        wait = getattr(self.grid, "wait_messages", None)  # an in-process Grid computing ahead
         while mid not in self.arrived:
+            if wait is not None:
+                wait([mid], timeout=max(0.0, deadline - time.monotonic()))
             self.accept(list(self.grid.pull_messages([mid])))
             if mid in self.arrived:
                 break

@@ -45,7 +45,8 @@ def execute_batch(job: Job) -> list[dict[str, Any]]:
     out = Path(job["out"])
     t0 = time.perf_counter()
     spec = RunSpec(task="mnist", strategy=keys[0].method, lr=keys[0].lr, delays=keys[0].setting, seed=keys[0].seed,
-                   budget=job["budget"], eval_every=job["eval_every"], progress=job.get("bar", False))
+                   budget=job["budget"], eval_every=job["eval_every"], progress=job.get("bar", False),
+                   workers=1, torch_threads=job.get("threads", 1))  # (the study's processes are its parallelism)
     try:
         outcomes = [run(spec)] if len(keys) == 1 else run_batch(spec, [k.lr for k in keys], [k.seed for k in keys])
     except Exception as exc:  # noqa: BLE001 - reported to the driver, which counts the runs as failed
@@ -78,7 +79,7 @@ class Runner:
         # A live progress bar (stderr) only when runs are made here, one at a time, on a terminal.
         bar = self.cfg.progress and self.cfg.workers <= 1 and len(ks) == 1 and sys.stderr.isatty()
         return {"setting": sw.setting, "method": sw.method, "runs": [list(k) for k in ks], "out": str(self.cfg.out),
-                "budget": self.cfg.budget, "eval_every": self.cfg.eval_every, "bar": bar}
+                "budget": self.cfg.budget, "eval_every": self.cfg.eval_every, "bar": bar, "threads": self.cfg.threads}
 
     def _finish(self, sw: Sweep, k: tuple[float, int], rec: dict[str, Any]) -> None:
         self.done += 1

@@ -37,6 +37,11 @@ class QuadraticTask:
         self.minimizer = float(np.sum(self.weights * self.a * self.b) / np.sum(self.weights * self.a))
 
     @property
+    def needs_rng(self) -> bool:
+        """Only noisy gradients draw random numbers (a job's generator is not built otherwise)."""
+        return self.noise > 0
+
+    @property
     def num_workers(self) -> int:
         return len(self.a)
 
