@@ -21,6 +21,7 @@ import sys
 from typing import Any
 
 from . import experiment, flower_sim, paper
+from .checkpoints import CheckpointError
 from .errors import RunFailed
 from .runspec import RunSpec, spec_fields
 from .strategies import STRATEGIES, options
@@ -164,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     except (RunFailed, flower_sim.FlowerRunError) as exc:
         sys.stderr.write(f"run_sim.py: run failed: {exc}\n")
         return 1
+    except CheckpointError as exc:
+        sys.stderr.write(f"run_sim.py: error: {exc}\n")
+        return 2
     if outcomes and outcomes[0].get("data_source") and not args.json:
         print(f"MNIST source: {outcomes[0]['data_source']}")
     print_table(outcomes)

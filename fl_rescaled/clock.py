@@ -128,9 +128,17 @@ class WallClock:
     def now(self) -> float:
         return (time.monotonic() - self._t0) / self.time_unit
 
-    def restart(self) -> None:
-        """Count time from now (a run's budget starts at its first job, not at start-up)."""
-        self._t0 = time.monotonic()
+    def restart(self, at: float = 0.0) -> None:
+        """Count time from now, starting at ``at`` time units (a run's budget starts at its first
+        job, not at start-up; a resumed run goes on from its checkpoint's time)."""
+        self._t0 = time.monotonic() - at * self.time_unit
+
+    def __getstate__(self) -> dict:  # (a checkpoint keeps the time reached, not this process's clock)
+        return {"time_unit": self.time_unit, "_reached": self.now}
+
+    def __setstate__(self, state: dict) -> None:
+        self.time_unit = state["time_unit"]
+        self.restart(state["_reached"])
 
     def advance(self, t: float) -> None:  # wall time advances by itself
         del t

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,6 +31,7 @@ from .metrics import plot_curves, write_history_csv
 from .runspec import RunSpec, default_taus
 from .stepsizes import vanilla_stepsize
 from .strategies import AsyncStrategy, options
+from .strategies.loop import Checkpointing
 from .tasks import get_task, task_spec
 
 __all__ = ["RunSpec", "default_taus", "local_training", "make_strategy", "run", "run_batch", "to_json"]
@@ -203,8 +205,17 @@ def _start(spec: RunSpec, cfg: dict[str, Any], task, strategy: AsyncStrategy, x0
             partition_query=True,  # the project's ClientApp answers it; taus and weights are per partition
             progress=spec.progress,
             observers=observers,
+            checkpoint=_checkpointing(spec),
         )
     return time.perf_counter() - wall0
+
+
+def _checkpointing(spec: RunSpec) -> Checkpointing | None:
+    path = spec.checkpoint_path()
+    if path is None:
+        return None
+    every = spec.checkpoint_every if spec.checkpoint_every is not None else math.inf
+    return Checkpointing(path, every, spec.fingerprint(), resume=spec.resume is not None)
 
 
 def _set_torch_threads(threads: int) -> None:

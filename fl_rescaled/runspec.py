@@ -10,10 +10,13 @@ arguments of its constructor, collected in ``options`` (see ``fl_rescaled.strate
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
 import os
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .clock import DELAY_KINDS, tau_stats
@@ -70,7 +73,11 @@ class RunSpec:
                             "minibatch gradient does not: see the README)")
     torch_threads: int = _f(1, "torch threads per job and per evaluation (the same for any --workers, so "
                                "trajectories match; the paper study ran with 1)")
-    out: str | None = _f(None, "a folder for the CSV, PNG and checkpoint of the run")
+    out: str | None = _f(None, "a folder for the CSV, PNG and final model of the run (and its checkpoint)")
+    checkpoint_every: float | None = _f(None, "write the run's whole state every this many time units, atomically, "
+                                              "to <out>/run.ckpt (or to the --resume folder)")
+    resume: str | None = _f(None, "a folder holding a run.ckpt of this same run: go on from it (give the same "
+                                  "settings again; a checkpoint of another run is refused)")
     progress: bool = field(default=False, metadata={"cli": False})
     extra: dict[str, Any] = field(default_factory=dict, metadata={"cli": False})
 
@@ -95,7 +102,9 @@ class RunSpec:
         tau_stats(s.taus)  # positive and finite
         for name in ("budget", "time_unit", "ttl"):
             _positive(name, getattr(s, name))
-        for name in ("eval_every", "local_lr"):
+        if s.checkpoint_every is not None and s.out is None and s.resume is None:
+            raise ValueError("--checkpoint-every needs --out (or --resume): the folder the checkpoint goes to")
+        for name in ("eval_every", "local_lr", "checkpoint_every"):
             if getattr(s, name) is not None:
                 _positive(name, getattr(s, name))
         if s.workers is None:
@@ -116,6 +125,16 @@ class RunSpec:
             if any(not a > 0 for a in s.quad_a):
                 raise ValueError("--quad-a values must be positive")
         return s
+
+    def checkpoint_path(self) -> Path | None:
+        folder = self.resume or (self.out if self.checkpoint_every is not None else None)
+        return None if folder is None else Path(folder) / "run.ckpt"
+
+    def fingerprint(self) -> str:
+        """What identifies this run's trajectory (not where it writes, nor how many threads compute it)."""
+        skip = {"out", "progress", "extra", "workers", "ahead", "checkpoint_every", "resume"}
+        what = {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
+        return hashlib.sha256(json.dumps(what, sort_keys=True, default=repr).encode()).hexdigest()
 
     def task_config(self) -> dict[str, Any]:
         """The task's config keys (what every job's ``task`` spec carries)."""

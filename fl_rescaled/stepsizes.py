@@ -17,6 +17,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Sequence
+from functools import partial
 
 Rule = Callable[[float, int, "TauTable", int], float]
 Staleness = Callable[[float, int, int], float]
@@ -66,31 +67,53 @@ def vanilla_stepsize(taus: Sequence[float], alpha: float) -> float:
 # ------------------------------------------------------------------------------- staleness
 def constant() -> Staleness:
     """No discount: s(δ) = 1."""
-    return lambda gamma, delay, n: gamma
+    return _constant
 
 
 def polynomial(a: float = 0.5) -> Staleness:
     """γ · (δ + 1)^(−a) (FedAsync's polynomial s, FedBuff's 1/(1 + δ)^p)."""
     if not a >= 0:
         raise ValueError(f"the staleness exponent must be non-negative, got {a!r}")
-    return lambda gamma, delay, n: gamma * float((delay + 1) ** (-a))
+    return partial(_polynomial, a)
 
 
 def hinge(a: float = 0.5, b: int = 4) -> Staleness:
     """γ if δ ≤ b, else γ / (a (δ − b) + 1) (FedAsync's hinge s)."""
     if not a > 0 or b < 0:
         raise ValueError("hinge staleness needs a > 0 and b >= 0")
-    return lambda gamma, delay, n: gamma * (1.0 if delay <= b else 1.0 / (a * (delay - b) + 1.0))
+    return partial(_hinge, a, b)
 
 
 def inverse() -> Staleness:
     """γ / (1 + δ) (Delay-Adaptive ASGD as the seed paper analyses it)."""
-    return lambda gamma, delay, n: gamma / (1.0 + delay)
+    return _inverse
 
 
 def authors() -> Staleness:
     """γ · n / max(n, δ) (Mishchenko et al.'s code: no discount up to n updates of delay)."""
-    return lambda gamma, delay, n: gamma * n / max(n, delay)
+    return _authors
+
+
+# The discounts themselves: module-level functions (and partials of them), so that a strategy that
+# holds one can be written to a checkpoint and read back.
+def _constant(gamma: float, delay: int, n: int) -> float:
+    return gamma
+
+
+def _polynomial(a: float, gamma: float, delay: int, n: int) -> float:
+    return gamma * float((delay + 1) ** (-a))
+
+
+def _hinge(a: float, b: int, gamma: float, delay: int, n: int) -> float:
+    return gamma * (1.0 if delay <= b else 1.0 / (a * (delay - b) + 1.0))
+
+
+def _inverse(gamma: float, delay: int, n: int) -> float:
+    return gamma / (1.0 + delay)
+
+
+def _authors(gamma: float, delay: int, n: int) -> float:
+    return gamma * n / max(n, delay)
 
 
 #: Staleness factories by name (the options of FedAsync and Delay-Adaptive ASGD).
@@ -229,32 +252,32 @@ def rescaled() -> Rule:
     """Rescaled ASGD: γ_i = α · w_i · τ_i / τ_max, with the table's target weights w_i (renormalised
     over the active workers; equal by default). Worker i's steps then add up to α · w_i per τ_max
     whatever its speed. (A reply of a worker that has just left still counts with its own τ.)"""
-
-    def rule(alpha: float, worker: int, taus: TauTable, delay: int) -> float:
-        tau_i, tau_max = taus.taus[worker], taus.tau_max
-        if not tau_max >= tau_i:
-            tau_max = tau_i
-        return rescaled_step(alpha, taus.share(worker), tau_i, tau_max)
-
-    return rule
+    return _rescaled
 
 
 def vanilla() -> Rule:
     """Vanilla ASGD: one step γ = α · τ_H / (n · τ_max) for every worker (over the known τ)."""
-
-    def rule(alpha: float, worker: int, taus: TauTable, delay: int) -> float:
-        return vanilla_step(alpha, taus.tau_h, taus.n_known, taus.tau_max)
-
-    return rule
+    return _vanilla
 
 
 def scaled_by(base: Rule, staleness: Staleness) -> Rule:
     """``base``'s step discounted by the reply's delay: staleness(γ_base, δ, n)."""
+    return partial(_scaled, base, staleness)
 
-    def rule(alpha: float, worker: int, taus: TauTable, delay: int) -> float:
-        return staleness(base(alpha, worker, taus, delay), delay, taus.n)
 
-    return rule
+def _rescaled(alpha: float, worker: int, taus: TauTable, delay: int) -> float:
+    tau_i, tau_max = taus.taus[worker], taus.tau_max
+    if not tau_max >= tau_i:
+        tau_max = tau_i
+    return rescaled_step(alpha, taus.share(worker), tau_i, tau_max)
+
+
+def _vanilla(alpha: float, worker: int, taus: TauTable, delay: int) -> float:
+    return vanilla_step(alpha, taus.tau_h, taus.n_known, taus.tau_max)
+
+
+def _scaled(base: Rule, staleness: Staleness, alpha: float, worker: int, taus: TauTable, delay: int) -> float:
+    return staleness(base(alpha, worker, taus, delay), delay, taus.n)
 
 
 def delay_adaptive(rule: str = "inverse") -> Rule:

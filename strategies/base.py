@@ -27,13 +27,15 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from fl_rescaled.clock import Clock
+from fl_rescaled.errors import RunFailed
 from fl_rescaled.layout import ModelLayout
 from fl_rescaled.manager import AsyncClientManager, Completion, ManagerObserver
 from fl_rescaled.metrics import ProgressBar
 from fl_rescaled.stepsizes import vanilla
 
-from .loop import EvalSchedule, EvaluateFn, Run, budgets, default_clock
-from .reporting import AsyncResult, FederatedEvaluation
+from .loop import Checkpointing, EvalSchedule, EvaluateFn, budgets, new_run
+from .reporting import AsyncResult
+from .resume import resume_run, run_fingerprint
 
 log = logging.getLogger("flwr.fl_rescaled")
 
@@ -127,6 +129,9 @@ class AsyncStrategy(Strategy):
         #: and each replica's step is the unit step times its α (every stepsize rule is linear in α).
         self.replica_lrs: np.ndarray | None = None
         self.frozen_replicas: dict[int, float] = {}  # replica -> time its gradient went non-finite
+
+    def __getstate__(self) -> dict:  # (a checkpoint: the caller's event callback stays with the caller)
+        return {**self.__dict__, "on_event": None}
 
     def set_replicas(self, lrs: list[float]) -> None:
         """Run R replicas that differ only in α (and seed) in one event loop: the model is their
@@ -252,6 +257,7 @@ class AsyncStrategy(Strategy):
         partition_query: bool | None = None,
         progress: bool = False,
         observers: list[ManagerObserver] | None = None,
+        checkpoint: Checkpointing | None = None,
         manager_options: dict[str, Any] | None = None,
     ) -> AsyncResult:
         """Run the asynchronous loop until a budget is spent; return Flower's ``Result``.
@@ -298,6 +304,11 @@ class AsyncStrategy(Strategy):
             A progress bar on stderr.
         observers : list of ManagerObserver, optional
             Told of every job sent, reply awaited, completion and update (benchmarks, metrics).
+        checkpoint : Checkpointing, optional
+            Write the run's whole state to ``checkpoint.path`` every ``checkpoint.every`` time units
+            (atomically, books checked); with ``resume=True`` go on from the state there instead of
+            starting (``strategies/resume.py``). A corrupted or foreign checkpoint raises
+            ``CheckpointError``.
         manager_options : dict, optional
             Extra keyword arguments of ``AsyncClientManager`` (``tau_estimator``, ``worker_config``).
 
@@ -314,12 +325,6 @@ class AsyncStrategy(Strategy):
             (for a ClientApp that raised: its own exception text).
         """
         budget, max_updates = budgets(time_budget, num_updates, eval_every, num_evaluations)
-        options = dict(manager_options or {})
-        per_partition = taus is not None or self.target_weights() is not None or "worker_config" in options
-        if partition_query is None:
-            partition_query = per_partition
-        elif per_partition and not partition_query:
-            raise ValueError("per-partition settings (taus, weights, worker_config) need partition_query=True")
         self.layout, self.x, self.carried = ModelLayout.of(initial_arrays)
         log.info("Starting %s strategy:", type(self).__name__)
         log.info("\t├── Model: %d arrays, %d trained values (%s)", len(self.layout.entries),
@@ -328,55 +333,42 @@ class AsyncStrategy(Strategy):
             ([f"{budget:g} time units"] if time_budget is not None else [])
             + ([f"{max_updates} updates"] if max_updates is not None else [])))
         self.summary()
-        if clock is None:
-            clock = default_clock(grid, taus, num_workers, partition_query)
-        elif taus is not None:
-            raise ValueError("give either clock or taus, not both")
-        if clock.virtual and num_workers is None:
-            num_workers = clock.delays.num_workers
-        cfg = dict(train_config.items()) if train_config is not None else {}
-        self.manager = manager = AsyncClientManager(
-            grid, clock, layout=self.layout, reply=self.reply, arrayrecord_key=self.arrayrecord_key,
-            configrecord_key=self.configrecord_key, train_config=cfg, ttl=timeout, observers=observers, **options)
-        manager.connect(num_workers, timeout=min(timeout, 300.0), partition_query=partition_query,
-                        weights=self.target_weights())
-        if not partition_query and manager.num_workers > 1:
-            log.warning("workers are numbered by node id (%d nodes); a ClientApp with "
-                        "fl_rescaled.add_partition_query numbers them by partition-id", manager.num_workers)
-        if self.replica_lrs is not None:
-            if self.x.size % len(self.replica_lrs):
-                raise ValueError("the initial model is not R replicas end to end")
-            manager.replicas = len(self.replica_lrs)
-            self.replica_lrs = self._replica_alphas.copy()  # a rerun starts with no frozen replica
-            self.frozen_replicas = {}
-        if eval_every is not None:
-            schedule = EvalSchedule(float(eval_every), None)
-        elif time_budget is not None:
-            schedule = EvalSchedule(budget / num_evaluations, None)
-        else:
-            schedule = EvalSchedule(math.inf, max(1, math.ceil(max_updates / num_evaluations)))
-        fed_eval = FederatedEvaluation(grid, evaluate_config, timeout, fraction=self.fraction_evaluate,
-                                       weighted_by_key=self.weighted_by_key, arrayrecord_key=self.arrayrecord_key,
-                                       configrecord_key=self.configrecord_key)
-        result = AsyncResult()
-        run = Run(self, result, schedule, evaluate_fn, fed_eval,
-                  ProgressBar(budget if time_budget is not None else float(max_updates), enabled=progress,
-                              label=self.name), by_time=time_budget is not None)
-        self.history = []
+        bar = ProgressBar(budget if time_budget is not None else float(max_updates), enabled=progress, label=self.name)
+        plan = checkpoint and run_fingerprint(self, checkpoint, self.layout, budget, max_updates)
         wall0 = time.perf_counter()
-        if not clock.virtual:
-            clock.restart()  # the wall-clock budget counts from the first job sent
-        self.on_start()
+        if plan is not None and plan.resume:
+            run = resume_run(self, plan, grid, evaluate_fn, evaluate_config, timeout, bar, observers)
+        else:
+            if eval_every is not None:
+                schedule = EvalSchedule(float(eval_every), None)
+            elif time_budget is not None:
+                schedule = EvalSchedule(budget / num_evaluations, None)
+            else:
+                schedule = EvalSchedule(math.inf, max(1, math.ceil(max_updates / num_evaluations)))
+            run = new_run(self, grid, clock, taus, num_workers, partition_query, dict(manager_options or {}),
+                          train_config, timeout, observers, evaluate_fn, evaluate_config, schedule, bar,
+                          by_time=time_budget is not None)
+            run.plan_checkpoints(plan)
+            wall0 = time.perf_counter()
+            self.on_start()
         run.loop(budget, max_updates)
-        run.bar.close()
+        bar.close()
+        manager = self.manager
+        assert manager is not None
         self.wall_seconds = time.perf_counter() - wall0
+        result = run.result
         result.arrays = self.layout.to_record(self.x, self.carried)
         result.books = MetricRecord(manager.books_summary())
+        try:
+            manager.ledger.check_balance()  # every job sent is accounted for, per worker
+        except AssertionError as exc:
+            raise RunFailed(str(exc), manager.books_summary()) from None
         log.info("")
         log.info("Strategy execution finished in %.2fs", self.wall_seconds)
         for line in io.StringIO(str(result)):
             log.info("\t%s", line.rstrip("\n"))
         return result
+
 
     def freeze(self, replicas: list[int], t: float) -> None:
         """A replica whose gradient went non-finite has diverged: its model stops moving (α_r = 0)

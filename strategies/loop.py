@@ -7,14 +7,17 @@ import math
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from flwr.app import ArrayRecord, MetricRecord
 from flwr.serverapp import Grid
 
+from fl_rescaled.checkpoints import write_state
 from fl_rescaled.clock import Clock, DelayModel, VirtualClock, WallClock
 from fl_rescaled.errors import RunFailed, client_error_text
-from fl_rescaled.manager import NODE_GONE, Completion
+from fl_rescaled.manager import NODE_GONE, AsyncClientManager, Completion
 from fl_rescaled.metrics import ProgressBar
 
 from .reporting import AsyncResult, FederatedEvaluation, MetricWindow, fmt_metrics
@@ -63,6 +66,20 @@ def default_clock(grid: Grid, taus: list[float] | None, num_workers: int | None,
         raise ValueError("taus define a virtual clock; this Grid runs on the wall clock (pass clock=...)")
     return WallClock()
 
+@dataclass(frozen=True)
+class Checkpointing:
+    """Where and how often a run writes its state, and whether it starts from it.
+
+    ``fingerprint`` identifies the run (its settings, strategy and model): a checkpoint written
+    under another fingerprint is refused. ``every``: time units between checkpoints.
+    """
+
+    path: Path
+    every: float
+    fingerprint: str
+    resume: bool = False
+
+
 class EvalSchedule:
     """When to evaluate: every ``period`` time units, or every ``updates`` server updates."""
 
@@ -95,6 +112,38 @@ class Run:
         self.answered = [False] * manager.num_workers
         self.consecutive = 0
         self.limit = strategy.max_consecutive_rejections or max(20, 2 * manager.num_workers)
+        self.checkpoint: Checkpointing | None = None
+        self.next_checkpoint = math.inf
+
+    # ---------------------------------------------------------------- checkpoints
+    def __getstate__(self) -> dict:  # (the loop's state; what talks to the world is attached again)
+        assert not self.pending, "evaluations still running: drain them before a checkpoint"
+        return {**self.__dict__, "evaluate_fn": None, "fed_eval": None, "bar": None, "submit": None,
+                "checkpoint": None}
+
+    def attach(self, strategy: AsyncStrategy, evaluate_fn: EvaluateFn | None, fed_eval: FederatedEvaluation,
+               bar: ProgressBar, checkpoint: Checkpointing | None) -> None:
+        """After a checkpoint was read: the strategy object to go on with, and the outside world."""
+        self.s, self.manager = strategy, strategy.manager
+        self.evaluate_fn, self.fed_eval, self.bar = evaluate_fn, fed_eval, bar
+        self.submit = getattr(fed_eval.grid, "submit", None)
+        self.plan_checkpoints(checkpoint)
+
+    def plan_checkpoints(self, checkpoint: Checkpointing | None) -> None:
+        self.checkpoint = checkpoint
+        if checkpoint is not None:
+            now = self.manager.clock.now
+            self.next_checkpoint = (math.floor(now / checkpoint.every) + 1) * checkpoint.every
+
+    def save_checkpoint(self) -> None:
+        """Write the run's state (books balanced first); the next one is due ``every`` later."""
+        plan = self.checkpoint
+        assert plan is not None
+        self.drain(block=True)
+        self.manager.ledger.check_balance()
+        write_state(plan.path, self, plan.fingerprint)
+        self.plan_checkpoints(plan)
+        log.info("checkpoint at t=%g (%d updates): %s", self.manager.clock.now, self.manager.version, plan.path)
 
     def loop(self, budget: float, max_updates: int | None) -> None:
         s, manager, schedule = self.s, self.manager, self.schedule
@@ -122,6 +171,8 @@ class Run:
                 self.evaluate(comp.time)
             if max_updates is not None and manager.version >= max_updates:
                 break
+            if manager.clock.now >= self.next_checkpoint:
+                self.save_checkpoint()
         t_end = t if comp is None else comp.time  # the budget, or the time of the last update
         last = s.history[-1] if s.history else None
         if last is None or last["time"] < t_end - 1e-9 * max(1.0, abs(t_end)) or last["updates"] != manager.version:
@@ -213,3 +264,43 @@ class Run:
                      f" | server eval: {fmt_metrics(dict(server))}" if server is not None else "",
                      f" | federated eval: {fmt_metrics(fed)}" if fed is not None else "")
             self.bar.update(stamp["time"] if self.by_time else stamp["updates"], row)
+
+
+def new_run(strategy: AsyncStrategy, grid: Grid, clock: Clock | None, taus: list[float] | None, num_workers: int | None,
+            partition_query: bool | None, options: dict[str, Any], train_config: Any, timeout: float,
+            observers: list | None, evaluate_fn: EvaluateFn | None, evaluate_config: Any, schedule: EvalSchedule,
+            bar: ProgressBar, *, by_time: bool) -> Run:
+    """The manager connected to the nodes and a fresh loop state (``start`` without a checkpoint)."""
+    per_partition = taus is not None or strategy.target_weights() is not None or "worker_config" in options
+    if partition_query is None:
+        partition_query = per_partition
+    elif per_partition and not partition_query:
+        raise ValueError("per-partition settings (taus, weights, worker_config) need partition_query=True")
+    if clock is None:
+        clock = default_clock(grid, taus, num_workers, partition_query)
+    elif taus is not None:
+        raise ValueError("give either clock or taus, not both")
+    if clock.virtual and num_workers is None:
+        num_workers = clock.delays.num_workers
+    cfg = dict(train_config.items()) if train_config is not None else {}
+    strategy.manager = manager = AsyncClientManager(
+        grid, clock, layout=strategy.layout, reply=strategy.reply, arrayrecord_key=strategy.arrayrecord_key,
+        configrecord_key=strategy.configrecord_key, train_config=cfg, ttl=timeout, observers=observers, **options)
+    manager.connect(num_workers, timeout=min(timeout, 300.0), partition_query=partition_query,
+                    weights=strategy.target_weights())
+    if not partition_query and manager.num_workers > 1:
+        log.warning("workers are numbered by node id (%d nodes); a ClientApp with "
+                    "fl_rescaled.add_partition_query numbers them by partition-id", manager.num_workers)
+    if strategy.replica_lrs is not None:
+        if strategy.x.size % len(strategy.replica_lrs):
+            raise ValueError("the initial model is not R replicas end to end")
+        manager.replicas = len(strategy.replica_lrs)
+        strategy.replica_lrs = strategy._replica_alphas.copy()  # a rerun starts with no frozen replica
+        strategy.frozen_replicas = {}
+    fed_eval = FederatedEvaluation(grid, evaluate_config, timeout, fraction=strategy.fraction_evaluate,
+                                   weighted_by_key=strategy.weighted_by_key, arrayrecord_key=strategy.arrayrecord_key,
+                                   configrecord_key=strategy.configrecord_key)
+    strategy.history = []
+    if not clock.virtual:
+        clock.restart()  # the wall-clock budget counts from the first job sent
+    return Run(strategy, AsyncResult(), schedule, evaluate_fn, fed_eval, bar, by_time=by_time)

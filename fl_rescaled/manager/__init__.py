@@ -5,6 +5,7 @@ from .jobs import NODE_GONE, Completion, Job, zero_nonfinite_replicas
 from .manager import AsyncClientManager
 from .membership import Membership
 from .observers import ManagerObserver
+from .restore import attach, lose_inflight, resend_inflight
 from .scheduler import VirtualScheduler
 from .transport import Transport
 
@@ -19,5 +20,8 @@ __all__ = [
     "Transport",
     "VirtualScheduler",
     "WorkerBook",
+    "attach",
+    "lose_inflight",
+    "resend_inflight",
     "zero_nonfinite_replicas",
 ]

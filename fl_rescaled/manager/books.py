@@ -30,6 +30,15 @@ class WorkerBook:
     last_version: int = -1  # the model version this worker was last sent ...
     last_model: ArrayRecord | None = None  # ... and that model, encoded
     pending: dict[str, Job] = field(default_factory=dict)  # its jobs in flight, by message id
+    #: How each finished job ended: "applied", "unused" (accepted, then not used by the strategy),
+    #: "cancelled", "rejected.<reason>" (a reply that must not touch the model) or "lost.<reason>"
+    #: (no reply: the node is gone, the TTL expired, the ClientApp process crashed).
+    outcomes: Counter[str] = field(default_factory=Counter)
+
+
+#: Reasons for which a job counts as lost rather than rejected: no reply came (the job, not its
+#: reply, went wrong). Flower's codes: 3 message unavailable, 5 node unavailable, 8 ClientApp crashed.
+LOST = ("lost", "ttl-expired", "error-code-3", "error-code-5", "error-code-8")
 
 
 class Books:
@@ -54,6 +63,42 @@ class Books:
         self.rejections[reason] += 1
         if self.first_rejection is None and reason not in ("duplicate", "unknown-job"):
             self.first_rejection = (reason, detail)
+
+    def finished(self, worker: int, outcome: str) -> None:
+        """Book how one of ``worker``'s jobs ended (see ``WorkerBook.outcomes``)."""
+        self.workers[worker].outcomes[outcome] += 1
+
+    def unused(self, worker: int) -> None:
+        """An accepted reply the strategy threw away (a late job of an earlier round)."""
+        outcomes = self.workers[worker].outcomes
+        outcomes["applied"] -= 1
+        outcomes["unused"] += 1
+
+    def balance(self) -> list[dict[str, int]]:
+        """Per worker: jobs sent = applied + rejected (by reason) + lost + discarded + in flight.
+
+        Each row has those numbers and ``balanced`` (1 or 0); ``discarded`` is cancelled plus unused.
+        """
+        rows = []
+        for b in self.workers:
+            o = b.outcomes
+            row = {"sent": b.jobs_sent, "applied": o["applied"],
+                   "rejected": sum(v for k, v in o.items() if k.startswith("rejected.")),
+                   "lost": sum(v for k, v in o.items() if k.startswith("lost.")),
+                   "discarded": o["cancelled"] + o["unused"], "in-flight": len(b.pending)}
+            accounted = row["applied"] + row["rejected"] + row["lost"] + row["discarded"] + row["in-flight"]
+            row["balanced"] = int(accounted == row["sent"] and o["applied"] >= 0)
+            rows.append(row)
+        return rows
+
+    def check_balance(self) -> None:
+        """Raise AssertionError naming the first worker whose books do not balance."""
+        for i, row in enumerate(self.balance()):
+            if not row["balanced"]:
+                raise AssertionError(
+                    f"the books do not balance for worker {i}: {row['sent']} jobs sent, but {row['applied']} applied + "
+                    f"{row['rejected']} rejected + {row['lost']} lost + {row['discarded']} discarded + "
+                    f"{row['in-flight']} in flight ({dict(self.workers[i].outcomes)})")
 
     def busy_time(self, worker: int, t: float, virtual: bool) -> float:
         """Time ``worker`` spent computing up to time ``t``."""
@@ -101,4 +146,8 @@ class Books:
         }
         for reason, count in sorted(self.rejections.items()):
             out[f"rejected.{reason}"] = count
+        rows = self.balance()
+        for key in ("sent", "applied", "rejected", "lost", "discarded", "in-flight"):
+            out[f"{key}-per-worker"] = [r[key] for r in rows]
+        out["balanced"] = int(all(r["balanced"] for r in rows))
         return out

@@ -27,6 +27,7 @@ class Job:
     pushed_at: float = 0.0  # wall-clock seconds (time.monotonic)
     model: ArrayRecord | None = None  # the encoded model this job carries (shared, never copied)
     node_id: int = 0  # the node it was sent to (a worker's node id changes if its SuperNode restarts)
+    config: dict[str, Any] = field(default_factory=dict)  # the config it was sent with (to send it again)
 
 
 @dataclass

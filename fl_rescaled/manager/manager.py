@@ -34,7 +34,7 @@ from fl_rescaled.layout import ModelLayout
 from fl_rescaled.messages import JOB_TYPE, job_content, parse_reply
 from fl_rescaled.stepsizes import TauTable
 
-from .books import Books, WorkerBook
+from .books import LOST, Books, WorkerBook
 from .jobs import NODE_GONE, Completion, Job, zero_nonfinite_replicas
 from .membership import Membership
 from .observers import ManagerObserver
@@ -93,11 +93,19 @@ class AsyncClientManager:
         self.transport = Transport(grid, self.ledger, ttl=ttl, poll_interval=poll_interval,
                                    time_unit=getattr(clock, "time_unit", 1.0))
         self.membership = Membership(grid, self.transport, ttl=ttl, node_refresh=node_refresh)
-        self.membership.on_online = lambda worker, online: self.taus.set_active(worker, online)
+        self.membership.on_online = self.worker_online
         self.scheduler = VirtualScheduler(clock) if clock.virtual else None
         self.inflight = self.transport.inflight
         self._next_job_id = 0
         self._encoded: tuple[int, ArrayRecord] | None = None  # (version, encoded model)
+
+    def worker_online(self, worker: int, online: bool) -> None:
+        """A worker left or came back (the membership tells): it counts in the τ statistics while online."""
+        self.taus.set_active(worker, online)
+
+    # ------------------------------------------------------------------ checkpoints
+    def __getstate__(self) -> dict:  # (a checkpoint: no Grid, no observers; jobs keep their models)
+        return {**self.__dict__, "grid": None, "observers": []}
 
     # ------------------------------------------------------------------ the run's numbers
     @property
@@ -201,7 +209,7 @@ class AsyncClientManager:
         tag = {"job-id": job.job_id, "worker": worker, "version": version, "job-seq": seq, "server-round": version + 1}
         if self.worker_config is not None:
             tag.update(self.worker_config[worker])
-        cfg = {**self.train_config, **config, **tag} if config else {**self.train_config, **tag}
+        cfg = job.config = {**self.train_config, **config, **tag} if config else {**self.train_config, **tag}
         msg = Message(job_content(model, cfg, self.arrayrecord_key, self.configrecord_key), book.node_id, JOB_TYPE,
                       ttl=self.ttl, group_id=str(version))
         self.transport.push(msg, job)
@@ -222,6 +230,7 @@ class AsyncClientManager:
             return
         book = self.books[job.worker]
         transport = self.transport
+        self.ledger.finished(job.worker, "cancelled")
         if self.scheduler is not None:
             elapsed = self.scheduler.cancel(job, book)
             book.busy_done += elapsed
@@ -252,6 +261,7 @@ class AsyncClientManager:
         """Book a finished job whose result the strategy does not use (e.g. an obsolete round)."""
         book = self.books[job.worker]
         book.discarded += 1
+        self.ledger.unused(job.worker)
         if self.clock.virtual:
             book.wasted += job.finish_time - job.start_time
 
@@ -310,6 +320,7 @@ class AsyncClientManager:
             try:
                 self._read_reply(comp, reply)
                 self.ledger.accepted += 1
+                self.ledger.finished(job.worker, "applied")
             except RejectedReply as rej:
                 comp.rejected, comp.detail = rej.reason, rej.detail
                 log.warning("rejected the reply to job %d (worker %d): %s", job.job_id, job.worker, rej)
@@ -323,6 +334,7 @@ class AsyncClientManager:
                 self.membership.set_online(job.worker, False)
             book.rejected += 1
             self.ledger.record_rejection(comp.rejected, comp.detail)
+            self.ledger.finished(job.worker, f"{'lost' if comp.rejected in LOST else 'rejected'}.{comp.rejected}")
         elif not self.clock.virtual:
             self._estimate_tau(comp, book)
         for obs in self.observers:
@@ -331,12 +343,19 @@ class AsyncClientManager:
 
     def _estimate_tau(self, comp: Completion, book: WorkerBook) -> None:
         """Wall clock: update worker i's τ estimate (an exponential moving average, initialised
-        from its first job) from the time between its deliveries or its reported compute time."""
+        from its first job) from the time between its deliveries or its reported compute time.
+
+        A client's report is never trusted beyond what the server saw: the compute time it claims is
+        clamped to the time from the job's dispatch to its reply, so a client that claims a huge τ
+        (to raise its own step, or to become τ_max and shrink everybody else's) gets at most the
+        time it really took."""
         now = time.monotonic()
         job = comp.job
         unit = self.clock.time_unit
+        observed = max(now - job.pushed_at, 1e-9)
         reported = comp.metrics.get("compute-time")
-        compute = float(reported) if isinstance(reported, (int, float)) and reported > 0 else now - job.pushed_at
+        valid = isinstance(reported, (int, float)) and not isinstance(reported, bool) and math.isfinite(reported)
+        compute = min(float(reported), observed) if valid and reported > 0 else observed
         compute /= unit
         book.busy_done += compute
         if self.tau_estimator == "compute":

@@ -38,7 +38,10 @@ class Membership:
         self.books: Books | None = None
         self.on_online: Callable[[int, bool], None] = lambda worker, online: None
         self._next_refresh = 0.0
-        transport.on_hello = self._on_hello
+        transport.on_hello = self.hello_answered
+
+    def __getstate__(self) -> dict:  # (a checkpoint: no Grid, no callback)
+        return {**self.__dict__, "grid": None, "on_online": None}
 
     # ------------------------------------------------------------------ the start
     def connect(self, num_workers: int | None, timeout: float, partition_query: bool) -> list[int]:
@@ -58,6 +61,22 @@ class Membership:
         self.worker_of_node = {n: i for i, n in enumerate(order)}
         self.ignored = set(nodes) - set(order)
         return order
+
+    def rediscover(self, timeout: float) -> None:
+        """A restarted server (wall clock): find the nodes again and give each worker its node (by
+        partition with the partition query, else in node-id order); workers without one are offline."""
+        assert self.books is not None
+        deadline = time.monotonic() + timeout
+        nodes = sorted(int(n) for n in self.grid.get_node_ids())
+        order = self._order_by_partition(nodes, deadline) if self.partition_query else nodes
+        self.worker_of_node = {}
+        for i, book in enumerate(self.books.workers):
+            if i < len(order):
+                book.node_id = order[i]
+                self.worker_of_node[order[i]] = i
+            self.set_online(i, i < len(order))
+        self.ignored = set(nodes) - set(self.worker_of_node)
+        self._next_refresh = 0.0
 
     def _order_by_partition(self, nodes: list[int], deadline: float) -> list[int]:
         ttl = max(1.0, deadline - time.monotonic())
@@ -142,11 +161,11 @@ class Membership:
             self.rejoin(gone.pop(0), node)
 
     def _probe(self, nodes: list[int]) -> None:
-        """Ask ``nodes`` who they are; ``_on_hello`` handles the answers as they arrive."""
+        """Ask ``nodes`` who they are; ``hello_answered`` handles the answers as they arrive."""
         if nodes:
             self.transport.push_hellos([hello_message(n, min(self.ttl, 60.0)) for n in nodes], nodes)
 
-    def _on_hello(self, node: int, rep: Message) -> None:
+    def hello_answered(self, node: int, rep: Message) -> None:
         assert self.books is not None
         worker = parse_hello(rep)
         if worker is None:

@@ -30,6 +30,11 @@ class VirtualScheduler:
         """``job`` is in flight (its message id is known): it competes for the next completion."""
         heapq.heappush(self._heap, (job.finish_time, job.worker, job.job_id, job.message_id))
 
+    def rebuild(self, jobs: list[Job]) -> None:
+        """The heap of ``jobs`` (in flight, with their message ids), as after ``track`` of each."""
+        self._heap = [(j.finish_time, j.worker, j.job_id, j.message_id) for j in jobs]
+        heapq.heapify(self._heap)
+
     def next_job(self, inflight: dict[str, Job]) -> Job | None:
         """The job in flight that finishes first (None if there is none)."""
         heap = self._heap

@@ -22,6 +22,26 @@ from .jobs import Job
 log = logging.getLogger("flwr.fl_rescaled")
 
 
+class RecentIds:
+    """The last ``limit`` ids added (a set that forgets its oldest members: a week-long run's
+    message ids would otherwise pile up without end)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._ids: dict[str, None] = {}
+
+    def add(self, mid: str) -> None:
+        self._ids[mid] = None
+        if len(self._ids) > self.limit:
+            del self._ids[next(iter(self._ids))]
+
+    def __contains__(self, mid: object) -> bool:
+        return mid in self._ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+
 class Transport:
     def __init__(self, grid: Grid, books: Books, *, ttl: float, poll_interval: float, time_unit: float = 1.0) -> None:
         self.grid = grid
@@ -32,10 +52,15 @@ class Transport:
         self.inflight: dict[str, Job] = {}  # insertion order = push order: the oldest first
         self.arrived: dict[str, Message] = {}
         self._arrival_order: deque[str] = deque()
-        self.finished: set[str] = set()
+        self.finished = RecentIds(100_000)  # answered jobs: a second reply is a duplicate
         self.cancelled: dict[str, Job] = {}  # cancelled jobs whose replies may still arrive
         self.hello_pending: dict[str, int] = {}  # partition-query message id -> node id
         self.on_hello: Callable[[int, Message], None] = lambda node, rep: None
+
+    def __getstate__(self) -> dict:  # (a checkpoint: no Grid, no callback, no answered ids)
+        state = dict(self.__dict__)
+        state.update(grid=None, on_hello=None, finished=RecentIds(self.finished.limit))
+        return state
 
     def push(self, msg: Message, job: Job) -> None:
         (mid,) = self.grid.push_messages([msg])
