@@ -279,6 +279,7 @@ def _outcome(spec: RunSpec, strategy, history: list[dict[str, Any]], params: np.
         "idle_share_per_worker": final["idle_share_per_worker"],
         "lost_per_worker": final["lost_per_worker"],
         "stored_vectors_max": max(h["stored_vectors"] for h in history),
+        "books": manager.books_summary(),
         "wall_seconds": wall,
         "tau_stats": tau_stats(spec.taus),
     }

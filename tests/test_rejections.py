@@ -121,6 +121,8 @@ def test_bad_reply_leaves_model_bit_identical(fault, caplog):
     assert before.tobytes() == after.tobytes()
     assert sum(s.manager.rejections.values()) == 1
     assert sum(b.rejected for b in s.manager.books) == 1
+    rows = s.manager.ledger.balance()  # the rejected job is accounted for, as rejected or lost
+    assert all(r["balanced"] for r in rows) and sum(r["rejected"] + r["lost"] for r in rows) == 1
     assert any("rejected" in r.message and reason in r.message for r in caplog.records)
     # Every other event was applied (the model moved), and the bad job's worker kept working.
     others = [e for e in events if e[0] != BAD_JOB]

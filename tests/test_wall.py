@@ -86,6 +86,8 @@ def test_node_that_leaves_and_returns():
     assert np.isfinite(res.arrays["model"].numpy()).all()
     # The node's error reply marked the job lost at once: nothing waited for the 5 s TTL.
     assert s.manager.rejections.get("ttl-expired", 0) == 0
+    rows = s.manager.ledger.balance()  # every job sent is accounted for, the lost ones included
+    assert all(r["balanced"] for r in rows) and rows[2]["lost"] == book.lost and res.books["balanced"] == 1
 
 
 @pytest.mark.parametrize("strategy_cls", [MaleniaSGD, RingleaderASGD, MinibatchSGD])
@@ -136,3 +138,44 @@ def test_cancelling_a_job_whose_reply_is_already_buffered():
         assert not m.inflight and not m.transport.arrived
     finally:
         grid.close()
+
+
+class LiarApp:
+    """The project's ClientApp, except that worker 0 reports a compute time of 1000 s per job."""
+
+    def __init__(self, liar: int = 0, claim: float = 1000.0) -> None:
+        self.liar, self.claim = liar, claim
+
+    def __call__(self, msg, context):
+        from flwr.app import MetricRecord
+
+        reply = app(msg, context)
+        if msg.metadata.message_type == "train" and int(context.node_config["partition-id"]) == self.liar:
+            metrics = dict(reply.content["metrics"])
+            metrics["compute-time"] = self.claim
+            reply.content["metrics"] = MetricRecord(metrics)
+        return reply
+
+
+def test_a_client_that_lies_about_its_compute_time_gains_nothing():
+    """With the compute-time estimator a client that claims a huge τ would become τ_max, raise its own
+    step and shrink everybody else's; its claims are clamped to what the server observed, so the run
+    lands on the same point as with honest clients."""
+    def once(client):
+        grid = InProcessGrid(client, 3, threaded=True)
+        s = RescaledASGD(lr=0.05, fraction_evaluate=0.0)
+        cfg = {"task": "quadratic", "num-partitions": 3, "quad-a": [1.0] * 3, "quad-b": B}
+        try:
+            s.start(grid, ArrayRecord({"model": Array(np.zeros(1))}), time_budget=200,
+                    train_config={"task": task_spec(cfg), "emulate": "fixed", "time-unit": 0.02},
+                    clock=WallClock(0.02), manager_options={"tau_estimator": "compute",
+                                                            "worker_config": [{"tau": t} for t in (1.0, 2.0, 4.0)]})
+        finally:
+            grid.close()
+        return s
+
+    honest, lied = once(app), once(LiarApp())
+    taus = lied.manager.tau_estimates()
+    assert taus[0] < 2.0, taus  # the liar's τ is what it really took (≈ 1), not the 1000 s it claimed
+    assert abs(lied.x[0] - 3.0) < 0.2 and abs(lied.x[0] - honest.x[0]) < 0.3
+    assert lied.manager.ledger.balance()[0]["balanced"]

@@ -1,0 +1,39 @@
+"""Books that balance: for every worker, jobs sent = applied + rejected + lost + discarded + in flight,
+whatever the method (cancelled rounds, late replies, queues, buffers)."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import quad
+from fl_rescaled.strategies import STRATEGIES
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_every_methods_books_balance_per_worker(strategy):
+    out = quad(strategy=strategy, taus=[1, 2, 3, 5], quad_a=[1, 2, 1, 3], quad_b=[0, 2, -1, 4], lr=0.05, budget=80,
+               delays="exponential", seed=2, eval_every=10)
+    books = out["books"]
+    assert books["balanced"] == 1
+    for i, sent in enumerate(books["sent-per-worker"]):
+        accounted = sum(books[f"{k}-per-worker"][i] for k in ("applied", "rejected", "lost", "discarded", "in-flight"))
+        assert sent == accounted > 0
+    if strategy in ("rescaled", "vanilla"):  # one update per applied reply
+        assert sum(books["applied-per-worker"]) == out["num_updates"]
+    if strategy == "malenia":  # cancelled jobs are in the books as discarded
+        assert sum(books["discarded-per-worker"]) > 0
+
+
+def test_unbalanced_books_are_reported_loudly():
+    from fl_rescaled.manager.books import Books
+
+    books = Books([11, 12])
+    books.workers[0].jobs_sent = 3
+    books.finished(0, "applied")
+    books.finished(0, "lost.ttl-expired")
+    with pytest.raises(AssertionError, match="worker 0: 3 jobs sent, but 1 applied"):
+        books.check_balance()
+    books.finished(0, "cancelled")
+    books.check_balance()
+    assert books.balance()[0] == {"sent": 3, "applied": 1, "rejected": 0, "lost": 1, "discarded": 1, "in-flight": 0,
+                                  "balanced": 1}
