@@ -22,7 +22,7 @@ from typing import Any
 
 from . import experiment, flower_sim, paper
 from .checkpoints import CheckpointError
-from .errors import RunFailed
+from .errors import RunFailed, one_line
 from .runspec import RunSpec, spec_fields
 from .strategies import STRATEGIES, options
 
@@ -32,7 +32,7 @@ _SPECIAL = {"strategy", "options"}
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2
-        sys.stderr.write(f"run_sim.py: error: {message}\n")
+        sys.stderr.write(f"run_sim.py: error: {one_line(message)}\n")
         raise SystemExit(2)
 
 
@@ -137,22 +137,29 @@ def print_table(outcomes: list[dict[str, Any]]) -> None:
         print(f"  equal-weight minimiser x* = {outcomes[0]['minimizer']:.6g}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "paper":  # the paper's study: python run_sim.py paper [--quick] ...
-        return paper.main(argv[1:])
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR,
-                        format="%(levelname)s %(name)s: %(message)s")
-    for name in ("flwr", "flwr.fl_rescaled"):
-        logging.getLogger(name).setLevel(logging.INFO if args.verbose else logging.ERROR)
+def parse(argv: list[str]) -> tuple[argparse.Namespace, list[RunSpec]]:
+    """The flags and the runs they ask for; a bad flag or value writes one line to stderr and
+    raises ``SystemExit(2)``."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
         specs = specs_from_args(args)
         if args.engine not in ("inprocess", "flower"):
             raise ValueError(f"unknown engine {args.engine!r}; choose inprocess or flower")
     except ValueError as exc:
-        sys.stderr.write(f"run_sim.py: error: {exc}\n")
-        return 2
+        parser.error(str(exc))
+    return args, specs
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "paper":  # the paper's study: python run_sim.py paper [--quick] ...
+        return paper.main(argv[1:])
+    args, specs = parse(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR,
+                        format="%(levelname)s %(name)s: %(message)s")
+    for name in ("flwr", "flwr.fl_rescaled"):
+        logging.getLogger(name).setLevel(logging.INFO if args.verbose else logging.ERROR)
     for spec in specs:
         if not args.json:
             print(f"{'queued' if args.engine == 'flower' else 'running'} {spec.strategy} on {spec.task}: "
@@ -163,10 +170,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             outcomes = [experiment.run(spec) for spec in specs]
     except (RunFailed, flower_sim.FlowerRunError) as exc:
-        sys.stderr.write(f"run_sim.py: run failed: {exc}\n")
+        sys.stderr.write(f"run_sim.py: run failed: {one_line(exc)}\n")
         return 1
     except CheckpointError as exc:
-        sys.stderr.write(f"run_sim.py: error: {exc}\n")
+        sys.stderr.write(f"run_sim.py: error: {one_line(exc)}\n")
         return 2
     if outcomes and outcomes[0].get("data_source") and not args.json:
         print(f"MNIST source: {outcomes[0]['data_source']}")

@@ -27,6 +27,14 @@ class RunFailed(RuntimeError):
         self.books = dict(books or {})
 
 
+def one_line(text: str, limit: int = 2000) -> str:
+    """``text`` as one printable line: line breaks and other control characters (from a value the
+    user typed, say) shown escaped, as in a Python string literal."""
+    out = "".join(ch if ch.isprintable() or ch == " " else ch.encode("unicode_escape").decode("ascii")
+                  for ch in str(text).strip())
+    return out if len(out) <= limit else out[: limit - 1] + "…"
+
+
 def client_error_text(reason: str, limit: int = 400) -> str:
     """The useful part of an error reply's reason: the ClientApp's own exception, one line.
 

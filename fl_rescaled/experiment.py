@@ -26,6 +26,7 @@ from .checkpoints import save_checkpoint
 from .clients.client_app import app as client_app
 from .clock import Clock, DelayModel, VirtualClock, WallClock, tau_stats
 from .grid import InProcessGrid
+from .layout import decode_array
 from .manager import ManagerObserver
 from .metrics import plot_curves, write_history_csv
 from .runspec import RunSpec, default_taus
@@ -89,8 +90,11 @@ def local_training(spec: RunSpec, strategy: AsyncStrategy) -> dict[str, Any]:
 
 def make_evaluate_fn(task):
     def evaluate(step: int, arrays: ArrayRecord) -> MetricRecord:
+        # decode_array, not Array.numpy(): np.load parses the header with ast.literal_eval, and on
+        # CPython 3.11 two threads building ASTs at once can raise SystemError (python/cpython#106905);
+        # evaluations run on the Grid's pool, two at a time with --workers 2.
         del step
-        x = np.concatenate([a.numpy().reshape(-1) for a in arrays.values()])
+        x = np.concatenate([decode_array(a).reshape(-1) for a in arrays.values()])
         return MetricRecord(task.evaluate(x))
 
     return evaluate

@@ -14,7 +14,8 @@ Encoding and decoding are on the hot path (a model goes out with every job and c
 reply), so both skip Flower's ``np.save``/``np.load``: an array is the cached ``.npy`` header of its
 (dtype, shape) followed by its raw bytes, which is exactly what ``Array(ndarray)`` produces, and it is
 read back with ``np.frombuffer`` past the header, without a copy. Anything else (a Fortran-ordered
-array, another serialisation) falls back to Flower's own ``Array.numpy()``.
+array, another serialisation) falls back to Flower's own ``Array.numpy()``, and is refused unless its
+bytes hold one array of exactly the dtype and shape the ``Array`` declares.
 
 ``decode`` validates a reply against the layout and raises ``RejectedReply`` naming what was expected.
 """
@@ -86,7 +87,13 @@ def decode_array(arr: Array) -> np.ndarray:
             data = arr.data
             if len(data) == size and data.startswith(hdr):
                 return np.frombuffer(data, dtype=dtype, offset=len(hdr)).reshape(key[1])
-    return arr.numpy()
+    a = arr.numpy()
+    if not isinstance(a, np.ndarray):  # np.load also reads .npz archives
+        getattr(a, "close", lambda: None)()
+        raise ValueError(f"its bytes are not one .npy array but a {type(a).__name__}")
+    if str(a.dtype) != str(arr.dtype) or list(a.shape) != list(arr.shape):
+        raise ValueError(f"it is declared {arr.dtype}{list(arr.shape)} but its bytes hold {a.dtype}{list(a.shape)}")
+    return a
 
 
 def _decode_entry(dtype_name: str, shape: tuple) -> tuple[bytes, np.dtype, int] | None:
@@ -100,6 +107,15 @@ def _decode_entry(dtype_name: str, shape: tuple) -> tuple[bytes, np.dtype, int] 
     hdr = npy_header(dtype, dims)
     ent = _DECODE[(dtype_name, shape)] = (hdr, dtype, len(hdr) + dtype.itemsize * math.prod(dims))
     return ent
+
+
+def all_finite(flat: np.ndarray) -> bool:
+    """Whether every value of the 1-d ``flat`` is finite. A sum of squares is finite only if every
+    term is, so the exact, slower test runs only when it is not (a NaN, an inf, or an overflow)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        if np.isfinite(np.dot(flat, flat)):
+            return True
+    return bool(np.isfinite(flat).all())
 
 
 @dataclass(frozen=True)
@@ -205,7 +221,7 @@ class ModelLayout:
                 if a.dtype != single.dtype:
                     raise RejectedReply("wrong-dtype", f"array {single.key!r} is {a.dtype}, expected {single.dtype}")
                 flat = a.reshape(-1)
-                if check_finite and not np.isfinite(np.dot(flat, flat)) and not np.isfinite(flat).all():
+                if check_finite and not all_finite(flat):
                     raise RejectedReply("non-finite", f"NaN or infinite values in {single.key!r}")
                 return flat, {}
         keys = list(rec.keys())
@@ -241,8 +257,7 @@ class ModelLayout:
             flat = np.empty(self.flat_size, dtype=self.flat_dtype)
             for e in self.floats:
                 flat[e.offset:e.offset + e.size] = values[e.key].reshape(-1)
-        # A sum is finite only if every term is; the exact test runs only when it is not (overflow).
-        if check_finite and not np.isfinite(np.dot(flat, flat)) and not np.isfinite(flat).all():
+        if check_finite and not all_finite(flat):
             bad = [e.key for e in self.floats if not np.isfinite(values[e.key]).all()]
             raise RejectedReply("non-finite", f"NaN or infinite values in {_keys(bad)}")
         carried = {e.key: values[e.key] for e in self.entries if not e.is_float and e.key in values}

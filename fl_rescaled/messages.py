@@ -47,6 +47,8 @@ def parse_reply(reply: Message, layout: ModelLayout, *, arrayrecord_key: str = "
     Returns (flat float vector, carried non-float arrays, numeric metrics) or raises
     ``RejectedReply`` with a reason tag and a message that names what was expected.
     """
+    if reply.metadata.message_type != JOB_TYPE:
+        raise RejectedReply("wrong-type", f"a {reply.metadata.message_type!r} message answers a {JOB_TYPE!r} job")
     if reply.has_error():
         err = reply.error
         raise RejectedReply(f"error-code-{err.code}", str(err.reason))

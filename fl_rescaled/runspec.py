@@ -30,9 +30,23 @@ def _f(default: Any, help: str, **kw: Any) -> Any:  # noqa: A002 - the field's d
     return field(default=default, metadata={"help": help, **kw})
 
 
+#: The most clients a run may have (each one has its books and its τ; a million is far beyond the
+#: largest study here, and a typo such as --num-clients 1e9 should not exhaust memory first).
+MAX_CLIENTS = 1_000_000
+
+
+#: Integer fields and the values they may take (beyond these a run would exhaust memory or time
+#: before it could say why: a 10^30 minibatch, 10^30 local steps, a seed numpy refuses).
+INT_RANGES = (("batch_size", 1, 1_000_000), ("local_steps", 1, 1_000_000), ("quad_dim", 1, 100_000_000),
+              ("workers", 1, 1024), ("torch_threads", 1, 1024), ("seed", 0, 2**63 - 1))
+#: The most evaluations a run may ask for (``budget / eval_every``).
+MAX_EVALUATIONS = 1_000_000
+
+
 def default_taus(n: int) -> list[float]:
-    """Harmonic compute times, two workers per power of two: 1,1,2,2,4,4,... (the paper's for n=10)."""
-    return [float(2 ** (i // 2)) for i in range(n)]
+    """Two workers per power of two up to 16, repeating: 1,1,2,2,4,4,8,8,16,16,1,1,... (the paper's
+    for n=10; with more clients the spread stays 16×, not 2^(n/2))."""
+    return [float(2 ** ((i // 2) % 5)) for i in range(n)]
 
 
 @dataclass
@@ -44,7 +58,7 @@ class RunSpec:
     lr: float | None = _f(None, "the cycle stepsize α (default: the strategy's, 1)")
     options: dict[str, Any] = field(default_factory=dict, metadata={"cli": False})
     delays: str = _f("fixed", f"compute times: {' | '.join(DELAY_KINDS)} (exactly τ_i, or Exp(mean τ_i) draws)")
-    taus: list[float] | None = _f(None, "compute time per client (default 1,1,2,2,4,4,...: two per power of two)")
+    taus: list[float] | None = _f(None, "compute time per client (default 1,1,2,2,4,4,8,8,16,16, repeating)")
     num_clients: int | None = _f(None, "number of clients (default len(taus), else 10)")
     budget: float = _f(10000.0, "time budget in time units (simulated; on the wall clock seconds / time-unit)")
     seed: int = _f(0, "seeds the partition, the model, the delays and every client's minibatches")
@@ -93,8 +107,8 @@ class RunSpec:
         if s.num_clients is None:
             guesses = [s.taus, s.quad_b if s.task == "quadratic" else None, weights]
             s.num_clients = next((len(g) for g in guesses if g), 10)
-        if s.num_clients < 1:
-            raise ValueError("--num-clients must be at least 1")
+        if not 1 <= s.num_clients <= MAX_CLIENTS:
+            raise ValueError(f"--num-clients must be in 1..{MAX_CLIENTS:,}, got {s.num_clients}")
         if s.taus is None:
             s.taus = default_taus(s.num_clients)
         if len(s.taus) != s.num_clients:
@@ -109,9 +123,12 @@ class RunSpec:
                 _positive(name, getattr(s, name))
         if s.workers is None:
             s.workers = available_cores()
-        for name in ("batch_size", "local_steps", "quad_dim", "workers", "torch_threads"):
-            if getattr(s, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+        for name, low, high in INT_RANGES:
+            if not low <= getattr(s, name) <= high:
+                raise ValueError(f"--{name.replace('_', '-')} must be in {low}..{high:,}, got {getattr(s, name)}")
+        if s.eval_every is not None and s.budget / s.eval_every > MAX_EVALUATIONS:
+            raise ValueError(f"--eval-every {s.eval_every:g} asks for more than {MAX_EVALUATIONS:,} evaluations "
+                             f"of a {s.budget:g}-unit budget")
         for name in ("dirichlet_alpha", "noise", "prox"):
             if not getattr(s, name) >= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be non-negative")

@@ -60,7 +60,7 @@ class AsyncStrategy(Strategy):
     jobs_per_node : int (default: 1)
         Jobs kept in flight per worker by the methods that restart a worker at once (the ASGD
         family, FedAsync, FedBuff). Two hide a deployment's polling latency, at the cost of
-        staleness. The round-based methods keep one.
+        staleness. The round-based methods keep one. At most 1000.
     fraction_evaluate : float (default: 1.0)
         Fraction of the nodes that evaluate the global model with their ``@app.evaluate`` at each
         evaluation point (as FedAvg's); their aggregated metrics fill
@@ -101,8 +101,8 @@ class AsyncStrategy(Strategy):
         reply = self.default_reply if reply is None else reply
         if reply not in REPLIES:
             raise ValueError(f"reply must be one of {REPLIES}, got {reply!r}")
-        if isinstance(jobs_per_node, bool) or not isinstance(jobs_per_node, int) or jobs_per_node < 1:
-            raise ValueError(f"jobs_per_node must be a positive integer, got {jobs_per_node!r}")
+        if isinstance(jobs_per_node, bool) or not isinstance(jobs_per_node, int) or not 1 <= jobs_per_node <= 1000:
+            raise ValueError(f"jobs_per_node must be an integer in 1..1000, got {jobs_per_node!r}")
         if jobs_per_node != 1 and not self.restarts_at_once:
             raise ValueError(f"{type(self).__name__} keeps one job per worker (jobs_per_node=1)")
         if not 0.0 <= fraction_evaluate <= 1.0:

@@ -22,7 +22,7 @@ class ConcurrentASGD(AsyncStrategy):
     Parameters
     ----------
     seed : int (default: 0)
-        Seeds the random worker draws.
+        Seeds the random worker draws (non-negative).
     concurrency : int, optional (default: n)
         τ_C, the number of jobs in flight (1 ≤ τ_C ≤ n).
     lr, reply, fraction_evaluate, weighted_by_key, arrayrecord_key, configrecord_key, max_consecutive_rejections
@@ -37,6 +37,8 @@ class ConcurrentASGD(AsyncStrategy):
         if concurrency is not None and (isinstance(concurrency, bool) or int(concurrency) != concurrency
                                         or concurrency < 1):
             raise ValueError(f"concurrency must be a positive integer, got {concurrency!r}")
+        if isinstance(seed, bool) or int(seed) != seed or seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
         self.seed = int(seed)
         self.concurrency = None if concurrency is None else int(concurrency)
 

@@ -13,6 +13,7 @@ Options of ``AsyncStrategy`` are common to every strategy and keep their own nam
 from __future__ import annotations
 
 import inspect
+import math
 import re
 import types
 import typing
@@ -49,7 +50,7 @@ def parse_value(kind: str, optional: bool, key: str, text: str) -> Any:
         return None
     try:
         if kind == "float":
-            return float(text)
+            return _finite(float(text))
         if kind == "int":
             return int(text)
         if kind == "bool":
@@ -59,15 +60,21 @@ def parse_value(kind: str, optional: bool, key: str, text: str) -> Any:
                 return False
             raise ValueError(text)
         if kind == "floats":
-            values = [float(v) for v in text.split(",") if v.strip()]
+            values = [_finite(float(v)) for v in text.split(",") if v.strip()]
             if not values:
                 raise ValueError(text)
             return values
         return text
     except ValueError:
-        expected = {"floats": "comma-separated numbers", "bool": "true or false", "int": "an integer",
-                    "float": "a number"}.get(kind, f"a {kind}")
+        expected = {"floats": "comma-separated finite numbers", "bool": "true or false", "int": "an integer",
+                    "float": "a finite number"}.get(kind, f"a {kind}")
         raise ValueError(f"--{key}: expected {expected}, got {text!r}") from None
+
+
+def _finite(value: float) -> float:
+    if not math.isfinite(value):
+        raise ValueError(value)
+    return value
 
 
 def _kind(hint: Any) -> tuple[str, bool]:

@@ -28,7 +28,7 @@ def test_strategy_options_are_the_command_lines_flags():
 
 @pytest.mark.parametrize("cfg,message", [
     ({"bugdet": 3.0}, "unknown run-config key 'bugdet'"),
-    ({"budget": "soon"}, "--budget: expected a number"),
+    ({"budget": "soon"}, "--budget: expected a finite number"),
     ({"strategy": "fedbuff", "strategy-options": "mixing=0.3"}, "fedbuff has no option 'mixing'"),
     ({"strategy": "fedasync", "strategy-options": "mixing"}, "expected key=value"),
     ({"strategy": "fedasync", "strategy-options": "fedasync-b=x"}, "--fedasync-b: expected an integer"),

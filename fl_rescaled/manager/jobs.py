@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord
 
+from fl_rescaled.layout import all_finite
+
 #: Rejection reasons that mean the node itself is gone (not just this job): Flower's
 #: MESSAGE_UNAVAILABLE (expired in transit), NODE_UNAVAILABLE, and our own TTL expiry.
 NODE_GONE = ("error-code-3", "error-code-5", "ttl-expired")
@@ -53,7 +55,7 @@ class Completion:
 def zero_nonfinite_replicas(flat: np.ndarray, replicas: int) -> tuple[np.ndarray, list[int]]:
     """A batched reply (R replicas' vectors end to end) with the non-finite replicas' rows zeroed
     (in a copy) and their indices, instead of a rejection for every replica (they are frozen)."""
-    if np.isfinite(np.dot(flat, flat)) or np.isfinite(flat).all():
+    if all_finite(flat):
         return flat, []
     rows = flat.reshape(replicas, -1).copy()
     bad = ~np.isfinite(rows).all(axis=1)

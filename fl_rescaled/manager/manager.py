@@ -30,7 +30,7 @@ from flwr.serverapp import Grid
 
 from fl_rescaled.clock import VirtualClock, WallClock
 from fl_rescaled.errors import RejectedReply
-from fl_rescaled.layout import ModelLayout
+from fl_rescaled.layout import ModelLayout, all_finite
 from fl_rescaled.messages import JOB_TYPE, job_content, parse_reply
 from fl_rescaled.stepsizes import TauTable
 
@@ -375,7 +375,10 @@ class AsyncClientManager:
         flat, carried, metrics = parse_reply(reply, self.layout, arrayrecord_key=self.arrayrecord_key,
                                              carried_required=self.reply == "model", check_finite=not batched)
         if self.reply == "model":
-            flat = np.subtract(self.model_of(comp.job), flat)
+            with np.errstate(over="ignore", invalid="ignore"):
+                flat = np.subtract(self.model_of(comp.job), flat)
+            if not batched and not all_finite(flat):
+                raise RejectedReply("non-finite", "the returned model minus the model sent overflows")
         if batched:
             flat, bad = zero_nonfinite_replicas(flat, self.replicas)
             if bad:

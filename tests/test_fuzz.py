@@ -1,0 +1,427 @@
+"""Fuzzing (hypothesis): arbitrary replies at the manager, arbitrary values at every flag and key.
+
+**Replies.** A strategy runs on an in-process Grid whose ClientApp is replaced, job by job, by a
+drawn reply: valid (random finite values, keys in any order, the ArrayRecord under any name, extra
+records with odd metrics, values near the float type's limit) or broken in one drawn way (record
+names, missing or extra arrays, shapes, dtypes, NaN/inf, bytes that are not ``.npy``, other
+serialisations, declared shapes of 10^12 elements, a 16 MB payload, an error reply, no content, a
+wrong message type), plus duplicates and replies to jobs never sent, slipped in at pull time. The
+oracle is per event: a valid reply is applied; any other is rejected with a reason of its kind and
+the model is bit for bit what it was; the books balance at the end, and the run either reaches its
+budget or stops with ``RunFailed`` (the loud failure), never with another exception. Four setups:
+Rescaled ASGD on one float64 array (the hot path), Rescaled ASGD and FedBuff taking trained models
+of a float32 model with an int64 counter (BatchNorm-like), Malenia SGD on the layered model taking gradients (rounds, cancelled jobs).
+
+**Flags and run-config keys.** Every ``run_sim.py`` flag and every Flower run-config key gets drawn
+values (numbers of every size and sign, NaN, inf, lists, text, empty): parsing and validation
+either give a run or a ``ValueError`` that becomes exit status 2 with one line. A few dozen drawn
+command lines also run end to end (on the quadratic, small budgets) through ``cli.main``: exit 0,
+1 (run failed, one line) or 2 (one line), never a traceback.
+
+How many cases the suite tries is ``FUZZ_CASES`` below (3,240; the README quotes it): the same
+cases on every run (derandomised), about 80 s on the 2-core development machine. The tests at the end
+are the inputs that fuzzing found broken, one each, kept as regression tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import signal
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from fl_rescaled import DelayModel, FedBuff, InProcessGrid, MaleniaSGD, RescaledASGD, RunFailed, VirtualClock
+from fl_rescaled import cli
+from fl_rescaled.layout import encode_array
+from fl_rescaled.runspec import spec_fields
+from fl_rescaled.server_app import STRATEGY_OPTIONS_KEY, spec_from_run_config
+from fl_rescaled.strategies import STRATEGIES, options
+
+REPLIES_PER_SETUP = 300
+FLAG_CASES = 1000
+CONFIG_CASES = 1000
+MAIN_CASES = 40
+FUZZ_CASES = 4 * REPLIES_PER_SETUP + FLAG_CASES + CONFIG_CASES + MAIN_CASES
+
+
+
+def fuzz(examples: int) -> settings:
+    """Derandomised (the same cases on every run and machine), no example database, no deadline."""
+    return settings(max_examples=examples, deadline=None, database=None, derandomize=True, print_blob=True,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+# ================================================================================ replies
+#: What each broken kind may be rejected as (a valid reply must be applied).
+REASONS = {
+    "no-arrays": {"malformed"}, "two-records": {"malformed"}, "key-renamed": {"malformed"},
+    "key-missing": {"malformed"}, "key-extra": {"malformed"}, "wrong-shape": {"wrong-shape"},
+    "wrong-dtype": {"wrong-dtype"}, "non-finite": {"non-finite"}, "garbage": {"malformed"},
+    "truncated": {"malformed"}, "other-stype": {"malformed"}, "npz": {"malformed"},
+    "huge-shape": {"malformed", "wrong-shape"}, "huge-payload": {"wrong-shape"},
+    "error": {f"error-code-{c}" for c in range(0, 1000)}, "empty": {"malformed"}, "wrong-type": {"wrong-type"},
+}
+VALID = ("valid", "valid-reordered", "valid-renamed-record", "valid-odd-metrics", "valid-extreme")
+KINDS = VALID + tuple(REASONS)
+
+SINGLE = {"model": np.linspace(-1.0, 1.0, 6)}  # one float64 array: the hot path
+LAYERED = {"conv.weight": np.arange(6, dtype=np.float32).reshape(2, 3) / 10, "conv.bias": np.zeros(3, np.float32),
+           "bn.num_batches_tracked": np.array(7, dtype=np.int64), "fc.weight": np.ones((3, 2), np.float32)}
+SETUPS = {
+    "rescaled-gradient": (SINGLE, lambda: RescaledASGD(lr=0.05)),
+    "rescaled-model": (LAYERED, lambda: RescaledASGD(lr=0.05, reply="model")),
+    "fedbuff-model": (LAYERED, lambda: FedBuff(buffer_size=2)),
+    "malenia-gradient": (LAYERED, lambda: MaleniaSGD(lr=0.05)),
+}
+
+reply_plans = st.dictionaries(st.integers(0, 14), st.tuples(st.sampled_from(KINDS), st.integers(0, 2**32 - 1)),
+                              max_size=10)
+extras = st.lists(st.tuples(st.integers(0, 14), st.sampled_from(["duplicate", "stray"])), max_size=4)
+
+
+def _values(template: dict[str, np.ndarray], rng: np.random.Generator, scale: float) -> dict[str, np.ndarray]:
+    out = {}
+    for k, a in template.items():
+        if a.dtype.kind == "f":
+            out[k] = (rng.uniform(-1, 1, a.shape) * scale).astype(a.dtype)
+        else:
+            out[k] = a.copy()
+    return out
+
+
+def build_reply(msg: Message, kind: str, seed: int, reply: str) -> Message:
+    """The reply of drawn ``kind`` to job message ``msg``."""
+    rng = np.random.default_rng(seed)
+    sent = {k: np.array(v.numpy()) for k, v in msg.content["arrays"].items()}
+    floats = [k for k, a in sent.items() if a.dtype.kind == "f"]
+    # valid-extreme: finite values whose squares overflow the float type (the finiteness check's slow
+    # path), small enough that a few steps keep the model finite.
+    g = _values(sent, rng, 1.0) if kind != "valid-extreme" else {
+        k: (rng.uniform(-1, 1, a.shape) * (1e30 if a.dtype == np.float32 else 1e200)).astype(a.dtype)
+        if a.dtype.kind == "f" else a for k, a in sent.items()}
+    values = g if reply == "gradient" else {k: (sent[k] - 0.1 * g[k] if k in floats else sent[k]) for k in sent}
+    if reply == "gradient" and len(sent) > 1 and rng.random() < 0.5:  # a gradient may leave the counters out
+        values = {k: v for k, v in values.items() if k in floats}
+    metrics = {"loss": float(rng.random()), "num-examples": int(rng.integers(1, 100))}
+    arrays = {k: encode_array(v) for k, v in values.items()}
+    record_name = "arrays"
+    content = RecordDict()
+    target = floats[int(rng.integers(len(floats)))]
+
+    if kind == "valid-reordered":
+        arrays = dict(reversed(list(arrays.items())))
+    elif kind == "valid-renamed-record":
+        record_name = "r" + str(rng.integers(1 << 30))
+    elif kind == "valid-odd-metrics":
+        metrics = {"loss": float("nan"), "num-examples": -3, "acc": float("inf"), "x": [1.0, float("nan")],
+                   "n": 2**63 - 1, "compute-time": -1.0}
+        content["cfg"] = ConfigRecord({"note": "hello", "n": 2**62})
+    elif kind == "key-renamed":
+        arrays[target + "_renamed"] = arrays.pop(target)
+    elif kind == "key-missing":
+        arrays.pop(target)
+    elif kind == "key-extra":
+        arrays["extra." + str(rng.integers(1000))] = encode_array(np.ones(2))
+    elif kind == "wrong-shape":
+        a = values[target]
+        bad = a.reshape(-1) if a.ndim > 1 else np.append(a, a[:1])
+        if a.ndim == 1 and rng.random() < 0.5:
+            bad = a.reshape(1, -1)
+        arrays[target] = encode_array(np.ascontiguousarray(bad))
+    elif kind == "wrong-dtype":
+        choices = [d for d in ("float16", "float32", "float64", "int32", "int64", "uint8", "bool", "complex64")
+                   if np.dtype(d) != values[target].dtype]
+        with np.errstate(invalid="ignore", over="ignore"):  # (values beyond an integer type: any bits do)
+            arrays[target] = encode_array(values[target].astype(choices[int(rng.integers(len(choices)))]))
+    elif kind == "non-finite":
+        a = values[target].copy().reshape(-1)
+        a[int(rng.integers(a.size))] = [np.nan, np.inf, -np.inf][int(rng.integers(3))]
+        arrays[target] = encode_array(a.reshape(values[target].shape))
+    elif kind == "garbage":
+        a = arrays[target]
+        arrays[target] = Array(dtype=a.dtype, shape=a.shape, stype=a.stype, data=rng.bytes(len(a.data)))
+    elif kind == "truncated":
+        a = arrays[target]
+        arrays[target] = Array(dtype=a.dtype, shape=a.shape, stype=a.stype, data=a.data[: len(a.data) // 2])
+    elif kind == "other-stype":
+        a = arrays[target]
+        arrays[target] = Array(dtype=a.dtype, shape=a.shape, stype="torch.Tensor", data=a.data)
+    elif kind == "npz":
+        buf = io.BytesIO()
+        np.savez(buf, x=values[target])
+        a = arrays[target]
+        arrays[target] = Array(dtype=a.dtype, shape=a.shape, stype="numpy.ndarray", data=buf.getvalue())
+    elif kind == "huge-shape":  # a header that declares 10^12 elements, with a few bytes behind it
+        a = arrays[target]
+        arrays[target] = Array(dtype=a.dtype, shape=(10**6, 10**6), stype="numpy.ndarray", data=a.data)
+    elif kind == "huge-payload":  # 16 MB where a few bytes are expected
+        arrays[target] = encode_array(np.zeros(2 * 1024 * 1024, dtype=values[target].dtype))
+    if kind not in ("no-arrays", "empty", "error"):
+        content[record_name] = ArrayRecord(arrays)
+    if kind == "two-records":
+        content["a"] = ArrayRecord(arrays)
+        content["b"] = ArrayRecord(arrays)
+        del content[record_name]
+    if kind != "empty":
+        content["metrics"] = MetricRecord(metrics)
+    if kind == "error":
+        out = Message(Error(code=int(rng.integers(0, 1000)), reason=str(rng.bytes(8))), reply_to=msg)
+    else:
+        out = Message(content, reply_to=msg)
+    if kind == "wrong-type":
+        out.metadata.__dict__["_message_type"] = "evaluate"
+    return out
+
+
+def _never(msg, context):  # the Grid below answers every job itself
+    raise AssertionError("the ClientApp should not be called")
+
+
+class FuzzGrid(InProcessGrid):
+    """Answers job number j with the reply ``plan[j]`` describes (valid when absent); slips in a
+    duplicate of, or a stray reply next to, the reply of the jobs ``extras`` names."""
+
+    def __init__(self, plan, extras, reply):
+        app = ClientApp()
+        app.train()(_never)
+        super().__init__(app, 3)
+        self.plan, self.extras, self.reply = plan, dict(extras), reply
+        self.job_of: dict[str, int] = {}
+        self.injected = {"duplicate": 0, "unknown-job": 0}
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        ids = list(super().push_messages(messages))
+        for mid, msg in zip(ids, messages):
+            if msg.metadata.message_type == "train":
+                self.job_of[mid] = int(msg.content["config"]["job-id"])
+        return ids
+
+    def _execute(self, msg):
+        if msg.metadata.message_type != "train":  # federated evaluation: a plain answer
+            rep = Message(RecordDict({"metrics": MetricRecord({"loss": 0.5, "num-examples": 10})}), reply_to=msg)
+            rep.metadata.__dict__["_message_id"] = f"r{msg.metadata.message_id}"
+            return rep
+        job = int(msg.content["config"]["job-id"])
+        kind, seed = self.plan.get(job, ("valid", job))
+        rep = build_reply(msg, kind, seed, self.reply)
+        rep.metadata.__dict__["_message_id"] = f"r{msg.metadata.message_id}"
+        return rep
+
+    def pull_messages(self, message_ids):
+        out = []
+        for rep in super().pull_messages(message_ids):
+            out.append(rep)
+            extra = self.extras.get(self.job_of.get(rep.metadata.reply_to_message_id, -1))
+            if extra == "duplicate":
+                out.append(rep)
+                self.injected["duplicate"] += 1
+            elif extra == "stray":
+                stray = Message(RecordDict(dict(rep.content)) if rep.has_content() else RecordDict(),
+                                reply_to=Message(RecordDict(), self.node_ids[0], "train"))
+                stray.metadata.__dict__["_reply_to_message_id"] = "never-sent"
+                out.append(stray)
+                self.injected["unknown-job"] += 1
+        return out
+
+
+def fuzz_run(setup: str, plan, extras) -> list[str]:
+    template, make = SETUPS[setup]
+    s = make()
+    grid = FuzzGrid(plan, extras, s.reply)
+    events = []
+    prev = {"x": None}
+
+    def on_event(comp, x):
+        events.append((comp.job.job_id, comp.rejected, prev["x"], x.copy()))
+        prev["x"] = x.copy()
+
+    s.on_event = on_event
+    initial = ArrayRecord({k: Array(v) for k, v in template.items()})
+    try:
+        s.start(grid, initial, time_budget=10, clock=VirtualClock(DelayModel([1.0, 2.0, 3.0])))
+    except RunFailed as exc:
+        assert "cannot make progress" in str(exc)
+    seen = []
+    for job, rejected, before, after in events:
+        kind = plan.get(job, ("valid", 0))[0]
+        seen.append(f"{kind} -> {'error-code-N' if (rejected or '').startswith('error-code') else rejected or 'applied'}")
+        if kind in VALID:
+            assert rejected is None, (setup, job, kind, rejected, s.manager.first_rejection)
+        else:
+            assert rejected in REASONS[kind], (setup, job, kind, rejected)
+            if before is not None:
+                assert before.tobytes() == after.tobytes(), (setup, job, kind)
+    rej = s.manager.rejections
+    assert rej.get("duplicate", 0) == grid.injected["duplicate"]
+    assert rej.get("unknown-job", 0) == grid.injected["unknown-job"]
+    assert all(r["balanced"] for r in s.manager.ledger.balance())
+    return seen
+
+
+@pytest.mark.parametrize("setup", list(SETUPS))
+@fuzz(REPLIES_PER_SETUP)
+@given(plan=reply_plans, extras=extras)
+def test_only_a_valid_reply_moves_the_model(setup, plan, extras):
+    for what in fuzz_run(setup, plan, extras):  # (statistics: pytest --hypothesis-show-statistics)
+        event(what)
+
+
+# ================================================================================ flags and keys
+def _all_flags() -> dict[str, str]:
+    """Every long flag of ``run_sim.py`` and its kind (``store_true`` flags: "bool")."""
+    out = {}
+    for action in cli.build_parser()._actions:
+        for flag in action.option_strings:
+            if flag.startswith("--") and flag != "--help":
+                out[flag] = "bool" if action.nargs == 0 else "value"
+    return out
+
+
+FLAGS = _all_flags()
+numbers = st.one_of(st.integers(-10**30, 10**30), st.floats(allow_nan=True, allow_infinity=True),
+                    st.sampled_from([0, 1, -1, 2**63, 1e-320, 1e308, -0.0]))
+texts = st.one_of(
+    numbers.map(str),
+    st.lists(numbers, min_size=1, max_size=4).map(lambda v: ",".join(map(str, v))),
+    st.sampled_from(["", " ", "none", "None", "nan", "inf", "-inf", "true", "false", "1,", ",", "1,,2",
+                     "rescaled", "fedbuff", "quadratic", "mnist", "wall", "virtual", "exponential", "fixed",
+                     "interval", "compute", "model", "gradient", "0x10", "1_000", "½", "١٢", "--budget"]),
+    st.text(max_size=8),
+)
+argvs = st.lists(st.one_of(
+    st.tuples(st.sampled_from(sorted(FLAGS)), texts),
+    st.tuples(st.sampled_from(["--bugdet", "--x", "-q", "paper-", "--"]), texts),
+), max_size=6)
+
+
+def _one_line(text: str) -> bool:
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return len(lines) == 1 and "Traceback" not in text
+
+
+def _argv(pairs) -> list[str]:
+    argv = []
+    for flag, value in pairs:
+        argv.append(flag)
+        if FLAGS.get(flag) != "bool":
+            argv.append(value)
+    return argv
+
+
+@fuzz(FLAG_CASES)
+@given(pairs=argvs)
+def test_any_command_line_parses_or_exits_2_with_one_line(pairs):
+    argv = _argv(pairs)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            _, specs = cli.parse(argv)
+        except SystemExit as exc:
+            assert exc.code == 2 and _one_line(err.getvalue()), (argv, exc.code, err.getvalue())
+            return
+    for spec in specs:  # a run that parses is a valid one
+        assert spec.budget > 0 and math.isfinite(spec.budget) and len(spec.taus) == spec.num_clients
+        assert all(t > 0 and math.isfinite(t) for t in spec.taus)
+
+
+CONFIG_KEYS = sorted({f.key for f in spec_fields()} | {STRATEGY_OPTIONS_KEY})
+config_values = st.one_of(numbers, st.booleans(), texts, st.lists(numbers, max_size=3))
+option_strings = st.lists(
+    st.tuples(st.sampled_from(sorted({o.key for name in STRATEGIES for o in options.common_options()
+                                       + options.strategy_options(name)} | {"nope"})), texts),
+    max_size=3).map(lambda kv: " ".join(f"{k}={v}" for k, v in kv))
+run_configs = st.dictionaries(
+    st.one_of(st.sampled_from(CONFIG_KEYS), st.text(max_size=6)),
+    st.one_of(config_values, option_strings), max_size=6)
+
+
+@fuzz(CONFIG_CASES)
+@given(cfg=run_configs)
+def test_any_run_config_gives_a_run_or_one_line_naming_the_key(cfg):
+    from fl_rescaled.experiment import resolve
+    try:
+        spec = resolve(spec_from_run_config(cfg))
+    except ValueError as exc:
+        assert _one_line(str(exc)), (cfg, str(exc))
+        return
+    assert spec.budget > 0 and math.isfinite(spec.budget) and len(spec.taus) == spec.num_clients
+
+
+#: Flags whose drawn values would only make a run slow (or wait on the wall clock) in the
+#: end-to-end cases below; the parsing test above covers them.
+COSTLY = {"--task", "--engine", "--data-dir", "--out", "--resume", "--checkpoint-every", "--clock", "--time-unit",
+          "--emulate", "--ttl", "--workers", "--torch-threads", "--quad-dim", "--local-steps", "--num-clients",
+          "--taus", "--budget", "--eval-every", "--verbose", "--ahead", "--batch-size", "--strategy"}
+cheap_argvs = st.tuples(
+    st.lists(st.tuples(st.sampled_from(sorted(set(FLAGS) - COSTLY)), texts), max_size=4),
+    st.sampled_from(["rescaled", "vanilla", "fedasync", "fedbuff", "malenia", "ringleader", "concurrent",
+                     "minibatch", "delay-adaptive"]),
+    st.integers(1, 4),
+)
+
+
+def _too_long(signum, frame):
+    raise AssertionError("a 30-unit quadratic run took over 60 s")
+
+
+@fuzz(MAIN_CASES)
+@given(case=cheap_argvs)
+def test_any_cheap_command_line_runs_or_fails_in_one_line(case):
+    pairs, strategy, n = case
+    argv = [*_argv(pairs), "--task", "quadratic", "--strategy", strategy, "--num-clients", str(n),
+            "--budget", "30", "--eval-every", "10", "--workers", "1", "--json", "--no-progress"]
+    err = io.StringIO()
+    signal.signal(signal.SIGALRM, _too_long)
+    signal.alarm(60)
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = cli.main(argv)
+        except SystemExit as exc:
+            code = exc.code
+        finally:
+            signal.alarm(0)
+    event(f"exit {code}")
+    assert code in (0, 1, 2), (argv, code, err.getvalue())
+    if code:
+        assert _one_line(err.getvalue()), (argv, code, err.getvalue())
+
+
+# ================================================================================ what fuzzing found
+# Each of these failed before its fix (a traceback, a hang, or a bad reply that got in).
+@pytest.mark.parametrize("setup,kind", [
+    ("rescaled-gradient", "npz"),  # np.load returned an NpzFile: AttributeError out of the manager
+    ("rescaled-model", "huge-shape"),  # bytes of the right array under a declared 10^12-element shape: applied
+    ("rescaled-gradient", "wrong-type"),  # an "evaluate" reply to a train job: applied
+])
+def test_found_a_reply_that_got_in_or_crashed(setup, kind):
+    fuzz_run(setup, {0: (kind, 0)}, [])
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--bugdet", "\r0"], "unrecognized arguments: --bugdet \\r0"),  # a line break in the one line
+    (["--num-clients", "2049", "--task", "quadratic"], None),  # default τ overflowed a float: OverflowError
+    (["--num-clients", str(10**9)], "--num-clients must be in 1..1,000,000"),
+    (["--budget", "nan"], "--budget: expected a finite number"),
+    (["--lr", "inf"], "--lr: expected a finite number"),
+    (["--eval-every", "1e-300"], "more than 1,000,000 evaluations"),  # ran for ever
+    (["--seed", "-1"], "--seed must be in 0.."),  # numpy's ValueError, with a traceback, mid-run
+    (["--jobs-per-node", str(10**30)], "jobs_per_node must be an integer in 1..1000"),  # sent jobs for ever
+    (["--strategy", "concurrent", "--concurrent-seed", "-1"], "seed must be a non-negative integer"),
+])
+def test_found_a_flag_that_crashed_or_hung(argv, message):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            _, specs = cli.parse(argv)
+        except SystemExit as exc:
+            assert exc.code == 2 and _one_line(err.getvalue()) and message and message in err.getvalue(), err.getvalue()
+            return
+    assert message is None, specs
+    assert max(specs[0].taus) / min(specs[0].taus) == 16
