@@ -26,6 +26,7 @@ a job that release the GIL (torch's kernels) run in parallel on threads.
 from __future__ import annotations
 
 import ctypes
+import logging
 import sys
 import threading
 from collections.abc import Callable, Iterable
@@ -42,6 +43,26 @@ from flwr.supercore.task_identity import TaskIdentity
 
 
 _ALLOCATOR_TUNED = False
+log = logging.getLogger("flwr.fl_rescaled")
+
+
+def retry_ast_race(fn: Callable, *args: Any, attempts: int = 3) -> Any:
+    """``fn(*args)``, again (up to ``attempts`` times) if it failed only because two threads built
+    Python ASTs at once: CPython 3.11 shares the AST constructor's recursion counter between
+    threads and may raise ``SystemError: AST constructor recursion depth mismatch``
+    (python/cpython#106905). ``np.load`` (``Array.numpy()``, ``to_torch_state_dict()``) parses
+    every array header that way, so a ClientApp and an evaluation on two pool threads can trip it.
+    Jobs and evaluations are pure functions of their message, so a second attempt gives the same
+    bits."""
+    for attempt in range(attempts):
+        try:
+            return fn(*args)
+        except SystemError as exc:
+            if "AST constructor recursion depth mismatch" not in str(exc) or attempt == attempts - 1:
+                raise
+            log.warning("retrying %s after CPython's thread race in the AST constructor: %s",
+                        getattr(fn, "__name__", "a job"), exc)
+    raise AssertionError("unreachable")
 
 
 def tune_allocator() -> bool:
@@ -166,7 +187,7 @@ class InProcessGrid(Grid):
             if getattr(self._local, "torch_threads", None) != self._torch_threads:
                 torch.set_num_threads(self._torch_threads)  # (per thread: OpenMP's setting is)
                 self._local.torch_threads = self._torch_threads
-        return fn(*args)
+        return retry_ast_race(fn, *args)
 
     def _execute_in_order(self, msg: Message) -> Message:
         lock = self._node_locks.setdefault(msg.metadata.dst_node_id, threading.Lock())
@@ -261,7 +282,7 @@ class InProcessGrid(Grid):
             reply.metadata.__dict__["_message_id"] = f"r{msg.metadata.message_id}"
             return reply
         try:
-            reply = self.client_app(msg, ctx)
+            reply = retry_ast_race(self.client_app, msg, ctx)
         except Exception as exc:  # noqa: BLE001 - surfaced to the server as Flower does
             reply = Message(
                 Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(exc)}:<'{exc}'>"),

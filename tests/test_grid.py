@@ -70,3 +70,29 @@ def test_same_seed_same_trajectory_mnist(mnist_cache):
     a, b = run(spec), run(spec)
     assert a["final_loss"] == b["final_loss"]
     assert a["num_updates"] == b["num_updates"] == 2 * (40 + 20 + 10 + 5 + 2)
+
+
+def test_a_job_hit_by_cpythons_ast_thread_race_is_computed_again():
+    from fl_rescaled.grid import retry_ast_race
+
+    calls = []
+
+    def flaky(x):
+        calls.append(x)
+        if len(calls) == 1:
+            raise SystemError("AST constructor recursion depth mismatch (before=42, after=39)")
+        return 2 * x
+
+    assert retry_ast_race(flaky, 21) == 42 and calls == [21, 21]
+
+    def other():
+        raise SystemError("something else")
+
+    with pytest.raises(SystemError, match="something else"):
+        retry_ast_race(other)
+
+    def always():
+        raise SystemError("AST constructor recursion depth mismatch (before=1, after=2)")
+
+    with pytest.raises(SystemError, match="mismatch"):
+        retry_ast_race(always)
