@@ -47,11 +47,11 @@ def parse_reply(reply: Message, layout: ModelLayout, *, arrayrecord_key: str = "
     Returns (flat float vector, carried non-float arrays, numeric metrics) or raises
     ``RejectedReply`` with a reason tag and a message that names what was expected.
     """
-    if reply.metadata.message_type != JOB_TYPE:
-        raise RejectedReply("wrong-type", f"a {reply.metadata.message_type!r} message answers a {JOB_TYPE!r} job")
-    if reply.has_error():
+    if reply.has_error():  # (before the type: Flower answers an expired job with a "system" error)
         err = reply.error
         raise RejectedReply(f"error-code-{err.code}", str(err.reason))
+    if reply.metadata.message_type != JOB_TYPE:
+        raise RejectedReply("wrong-type", f"a {reply.metadata.message_type!r} message answers a {JOB_TYPE!r} job")
     if not reply.has_content():
         raise RejectedReply("no-content", "the reply carries neither content nor an error")
     content = reply.content

@@ -153,9 +153,11 @@ class AsyncStrategy(Strategy):
 
     def on_rejected(self, comp: Completion) -> None:
         """A reply that must not touch the model: give the worker a fresh job on the current model
-        (unless its node is gone; it gets one when it reappears)."""
+        (unless its node is gone: it gets one when it reappears, and a job of the node it had before
+        it restarted is not replaced, since the worker got its jobs when it rejoined)."""
         assert self.manager is not None
-        if self.manager.books[comp.worker].online:
+        book = self.manager.books[comp.worker]
+        if book.online and comp.job.node_id == book.node_id:
             self.submit(comp.worker)
 
     def on_worker_joined(self, worker: int) -> None:

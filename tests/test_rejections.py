@@ -51,6 +51,9 @@ class FaultyGrid(InProcessGrid):
             bad = _with_update(msg, encode_array(np.ones(4)), key="weights")
         elif f == "not-npy":
             bad = _with_update(msg, Array(dtype="float64", shape=(4,), stype="numpy.ndarray", data=b"garbage"))
+        elif f == "expired":  # what Flower's SuperLink sends for a job past its TTL: a "system" error
+            bad = Message(Error(code=3, reason="message expired"), reply_to=msg)
+            bad.metadata.__dict__["_message_type"] = "system"
         elif f == "error":
             bad = Message(Error(code=2, reason="<class 'RuntimeError'>:<'boom'>"), reply_to=msg)
         else:
@@ -156,3 +159,26 @@ def test_reasons_are_specific_and_name_what_was_expected():
         assert dict(s.manager.rejections) == {reason: 1}, fault
         assert s.manager.first_rejection[0] == reason
         assert detail in s.manager.first_rejection[1], (fault, s.manager.first_rejection)
+
+
+def test_an_expired_job_is_lost_not_a_wrong_type():
+    """Flower answers a job past its TTL with an error of type "system": it is booked as lost
+    (error-code-3), not rejected as a reply of the wrong type (a deployment test caught that)."""
+    s, events = run_with("expired")
+    assert dict(s.manager.rejections) == {"error-code-3": 1}
+    assert sum(b.lost for b in s.manager.books) == 1
+
+
+def test_a_job_of_a_restarted_workers_old_node_is_not_replaced():
+    """A worker whose SuperNode restarted got its jobs when it rejoined; its old node's expired job
+    must not add one more (it ended with two jobs in flight for jobs_per_node=1)."""
+    from types import SimpleNamespace
+
+    s = RescaledASGD()
+    sent = []
+    s.submit = sent.append
+    s.manager = SimpleNamespace(books=[SimpleNamespace(online=True, node_id=22)])
+    s.on_rejected(SimpleNamespace(worker=0, job=SimpleNamespace(node_id=11)))  # the old node's job
+    assert sent == []
+    s.on_rejected(SimpleNamespace(worker=0, job=SimpleNamespace(node_id=22)))  # the current node's
+    assert sent == [0]
