@@ -14,7 +14,8 @@ Everything binds to 127.0.0.1 on free ports and lives in a scratch directory und
    ``flwr supernode ls`` reports all N online;
 4. writes the connection ``[superlink.local-deploy]`` into ``$FLWR_HOME/config.toml`` and runs
    ``flwr run <app copy> local-deploy --stream --run-config "..."``, echoing its log;
-5. optionally SIGKILLs one SuperNode (its whole process group) mid-run, and restarts it later;
+5. optionally SIGKILLs SuperNodes (each one's whole process group) mid-run, chosen or drawn at
+   random, at chosen or random times, and restarts each one later;
 6. extracts the ServerApp's ``fl-rescaled result: {json}`` line, prints it and writes it to
    ``--json-out`` (with a ``deployment`` section of timings);
 7. on exit, Ctrl-C, SIGTERM or error stops every process it started, by PID: each one's process

@@ -8,6 +8,7 @@ The pieces, one idea each:
 - ``processes.py``: starting processes in their own sessions and stopping every one of them;
 - ``output.py``: the result line, the nodes' timings, the script's log;
 - ``evidence.py``: how SuperNodes with unregistered keys were refused (``--intruders``);
+- ``kills.py``: SuperNodes killed mid-run and revived (``--kill-node``, ``--kill-random``);
 - ``session.py``: one deployment from start to report, and ``main``.
 
 ``scripts/deploy_local.py`` is the command line; its docstring describes what a run does.

@@ -18,6 +18,14 @@ DESCRIPTION = "Run the fl-rescaled Flower app on a local deployment: one SuperLi
 TAUS = next(f for f in spec_fields() if f.key == "taus")  # the run config's own parser of ``taus``
 
 
+def parse_nodes(text: str) -> tuple[int, ...]:
+    """``--kill-node 1`` or ``--kill-node 1,4``: node indices (partition ids)."""
+    try:
+        return tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected node indices such as 1 or 1,4, got {text!r}") from None
+
+
 def parse_taus(text: str) -> list[float] | None:
     """``--taus 1,2,4`` as the ServerApp reads the run config's ``taus`` ("" gives None)."""
     try:
@@ -36,9 +44,13 @@ class DeployConfig:
     app: Path = ROOT
     port: int = 0  # SuperLink port; 0: a free one
     task_poll_interval: float = 0.05  # FLWR_SUPEREXEC_TASK_POLL_INTERVAL of the SuperNodes
-    kill_node: int | None = None
-    kill_after: float = 30.0
-    revive_after: float | None = None
+    kill_nodes: tuple[int, ...] = ()  # SIGKILL these nodes mid-run (--kill-node) ...
+    kill_random: int = 0  # ... or this many distinct nodes drawn at random
+    kill_seed: int | None = None  # of the random nodes and times (None: a fresh one, reported)
+    kill_after: float = 30.0  # kill times are uniform in [kill_after, kill_after + kill_spread]
+    kill_spread: float = 0.0
+    revive_after: float | None = None  # restart each killed node this long after its kill
+    spare_replies: bool = False  # a kill waits while the node is sending a reply
     json_out: Path | None = None
     timeout: float = 1800.0
     startup_timeout: float = 120.0
@@ -54,8 +66,16 @@ class DeployConfig:
             raise ValueError("--nodes must be at least 1")
         if self.taus is not None and len(self.taus) != self.nodes:
             raise ValueError(f"--taus has {len(self.taus)} values for {self.nodes} nodes")
-        if self.kill_node is not None and not 0 <= self.kill_node < self.nodes:
-            raise ValueError("--kill-node must be a node index in 0..nodes-1")
+        if not all(0 <= i < self.nodes for i in self.kill_nodes):
+            raise ValueError("--kill-node must name node indices in 0..nodes-1")
+        if len(set(self.kill_nodes)) != len(self.kill_nodes):
+            raise ValueError("--kill-node names a node twice")
+        if not 0 <= self.kill_random <= self.nodes:
+            raise ValueError("--kill-random must be between 0 and --nodes")
+        if self.kill_random and self.kill_nodes:
+            raise ValueError("give either --kill-node or --kill-random, not both")
+        if self.kill_after < 0 or self.kill_spread < 0 or (self.revive_after or 0.0) < 0:
+            raise ValueError("--kill-after, --kill-spread and --revive-after must not be negative")
         if self.intruders < 0:
             raise ValueError("--intruders must be at least 0")
         if self.intruders and not self.secure:
@@ -108,12 +128,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=0, help="SuperLink port (default: a free one)")
     p.add_argument("--task-poll-interval", type=float, default=0.05,
                    help="FLWR_SUPEREXEC_TASK_POLL_INTERVAL for the SuperNodes (default 0.05 s)")
-    p.add_argument("--kill-node", type=int, default=None, help="SIGKILL this node (partition id) mid-run")
+    p.add_argument("--kill-node", type=parse_nodes, default=(), help="SIGKILL this node (partition id; "
+                   "several: 1,4) mid-run, with its ClientApp processes")
+    p.add_argument("--kill-random", type=int, default=0, help="SIGKILL this many distinct nodes drawn at random "
+                   "(instead of --kill-node)")
+    p.add_argument("--kill-seed", type=int, default=None, help="seed of the random nodes and kill times "
+                   "(default: a fresh one, reported in the result's deployment section)")
     p.add_argument("--kill-after", type=float, default=30.0,
-                   help="seconds after the run started to kill --kill-node (default 30)")
+                   help="seconds after the run started to kill (default 30; never before the first reply "
+                   "to a job, when the ServerApp has numbered the nodes); see --kill-spread")
+    p.add_argument("--kill-spread", type=float, default=0.0, help="draw each node's kill time uniformly from "
+                   "[--kill-after, --kill-after + this] (default 0: all at --kill-after)")
     p.add_argument("--revive-after", type=float, default=None,
-                   help="restart the killed node this many seconds after the kill (new node id; with "
+                   help="restart each killed node this many seconds after its kill (new node id; with "
                    "--secure the same id, once the SuperLink lists the old one offline)")
+    p.add_argument("--spare-replies", action="store_true", help="do not kill a node while it is sending a reply "
+                   "(wait until it is sent, at most 10 s): killed mid-upload, the reply reaches the SuperLink "
+                   "without its content, and Flower 1.42's ServerApp waits up to 180 s for it")
     p.add_argument("--json-out", default=None, help="write the result JSON here")
     p.add_argument("--timeout", type=float, default=1800.0, help="give up after this many seconds")
     p.add_argument("--startup-timeout", type=float, default=120.0)
@@ -138,7 +169,9 @@ def parse_config(argv: list[str] | None = None) -> DeployConfig:
         return DeployConfig(
             nodes=args.nodes, taus=tuple(args.taus) if args.taus else None, run_config=args.run_config,
             app=Path(args.app).resolve(), port=args.port, task_poll_interval=args.task_poll_interval,
-            kill_node=args.kill_node, kill_after=args.kill_after, revive_after=args.revive_after,
+            kill_nodes=args.kill_node, kill_random=args.kill_random, kill_seed=args.kill_seed,
+            kill_after=args.kill_after, kill_spread=args.kill_spread, revive_after=args.revive_after,
+            spare_replies=args.spare_replies,
             json_out=Path(args.json_out) if args.json_out else None, timeout=args.timeout,
             startup_timeout=args.startup_timeout,
             bin_dir=Path(args.bin_dir) if args.bin_dir else Path(sys.executable).parent,

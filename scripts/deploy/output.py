@@ -51,28 +51,46 @@ class NodeEvents:
         self.events: dict[str, list[tuple[float, str]]] = {}
 
     def feed(self, name: str, now: float, line: str) -> None:
-        """A ``ProcessSet`` line hook: note "Receiving: train" / "Sending: train" lines."""
+        """A ``ProcessSet`` line hook: note "Receiving: train", "Sending: train" and "Sent
+        successfully" (a reply, its objects included, is in the SuperLink) lines."""
         events = self.events.setdefault(name, [])
         if "Receiving: train" in line:
             events.append((now, "recv"))
         elif "Sending: train" in line:
             events.append((now, "send"))
+        elif "Sent successfully" in line:
+            events.append((now, "sent"))
 
-    def reply_times(self) -> list[float]:
-        """Wall times of the train replies sent so far, in order."""
-        return sorted(t for events in list(self.events.values()) for t, kind in list(events) if kind == "send")
+    def reply_times(self, name: str | None = None) -> list[float]:
+        """Wall times of the train replies sent so far, in order: by every process, or by ``name``
+        (a node's every life: a revived node logs under the same name)."""
+        chosen = list(self.events.values()) if name is None else [self.events.get(name, [])]
+        return sorted(t for events in chosen for t, kind in list(events) if kind == "send")
+
+    def sending_since(self, name: str, t: float) -> float | None:
+        """If ``name`` was in the middle of sending a train reply at wall time ``t`` (its last
+        "Sending: train" before ``t`` had no "Sent successfully" yet), when it began; else None."""
+        last = [(s, kind) for s, kind in list(self.events.get(name, [])) if s <= t and kind in ("send", "sent")]
+        return last[-1][0] if last and last[-1][1] == "send" else None
 
     def node_stats(self) -> dict[str, Any]:
         """Per node, from its timestamped log: train messages, median time from receiving a
         message to sending its reply (ClientApp process start + compute + emulated τ), and
-        median interval between two replies (the node's delivery period)."""
+        median interval between two replies (the node's delivery period; a killed node's includes
+        its time away). A node handles one message at a time, so a reply answers the message
+        received last; a message that a kill left without a reply is skipped."""
         out: dict[str, Any] = {}
         for name, events in sorted(self.events.items()):
             if not name.startswith("node"):
                 continue
-            recv = [t for t, kind in events if kind == "recv"]
+            inside, received = [], None
+            for t, kind in list(events):
+                if kind == "recv":
+                    received = t
+                elif kind == "send" and received is not None:
+                    inside.append(t - received)
+                    received = None
             send = [t for t, kind in events if kind == "send"]
-            inside = [s - r for r, s in zip(recv, send) if s >= r]
             gaps = [b - a for a, b in zip(send, send[1:])]
             out[name] = {
                 "train_messages": len(send),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import shlex
 import shutil
 import signal
@@ -18,6 +17,7 @@ from .config import DeployConfig, parse_config
 from .credentials import NodeKey
 from .deployment import LocalDeployment, copy_app
 from .evidence import intruder_report, reply_node_ids
+from .kills import Reaper, plan_kills
 from .output import RESULT_PREFIX, ResultScanner, log
 from .processes import Proc
 
@@ -41,9 +41,10 @@ class Session:
         self.info: dict[str, Any] = {"nodes": config.nodes, "taus": list(config.taus) if config.taus else None,
                                      "scratch": str(self.dep.work), "secure": config.secure}
         self.intruders: list[tuple[Proc, NodeKey]] = []
-        self.killed_at: float | None = None
-        self.revived_at: float | None = None
-        self.rejoin_checked_at = -math.inf
+        kills, seed = plan_kills(config)
+        self.reaper = Reaper(kills, self.dep, config.revive_after, config.spare_replies)
+        if kills:
+            self.info["kill_seed"] = seed
 
     def run(self) -> int:
         status = 1
@@ -95,7 +96,7 @@ class Session:
                 log(f"timeout after {self.config.timeout} s")
                 status = 2
             elif self.started.is_set():
-                self._on_schedule(now, now - t_run)
+                self._on_schedule(now - t_run)
             reader.join(timeout=0.2)
         self.info["run_seconds"] = round(time.monotonic() - t_run, 2)
         self.info["flwr_run_returncode"] = flwr.popen.poll()
@@ -115,44 +116,19 @@ class Session:
                     self.started.set()
                 self.scanner.feed(line)
 
-    def _on_schedule(self, now: float, elapsed: float) -> None:
-        """Once the run has started: the intruders once a node has replied to a job (the ServerApp
-        is then sending jobs to the nodes it lists), the kill and the revival when due."""
+    def _on_schedule(self, elapsed: float) -> None:
+        """Once a node has replied to a job (the ServerApp has numbered its workers and is sending
+        them jobs; a node killed before it answered the partition query would fail the run): the
+        intruders, and the kills and the revivals when due."""
+        if not self.dep.events.reply_times():
+            return
         cfg = self.config
-        if cfg.intruders and not self.intruders and self.dep.events.reply_times():
+        if cfg.intruders and not self.intruders:
             self.intruders = [self.dep.start_intruder(j) for j in range(cfg.intruders)]
             self.info["intruders_started_at_seconds"] = round(elapsed, 2)
             log(f"started {cfg.intruders} SuperNode(s) with unregistered keys "
                 f"(pids {[p.pid for p, _ in self.intruders]})")
-        if cfg.kill_node is not None and self.killed_at is None and elapsed >= cfg.kill_after:
-            self.dep.kill_node(cfg.kill_node)
-            self.killed_at = now
-            self.info["killed_node"] = cfg.kill_node
-            self.info["killed_at_seconds"] = round(elapsed, 2)
-            log(f"SIGKILLed SuperNode {cfg.kill_node} at {elapsed:.1f} s into the run")
-        if self.killed_at is not None and cfg.revive_after is not None and self.revived_at is None \
-                and now - self.killed_at >= cfg.revive_after and self._may_rejoin(now):
-            self.revived_at = now
-            proc = self.dep.start_node(cfg.kill_node)
-            self.info["revived_at_seconds"] = round(elapsed, 2)
-            log(f"restarted SuperNode {cfg.kill_node} (pid {proc.pid})")
-
-    def _may_rejoin(self, now: float) -> bool:
-        """Whether the killed node may be restarted. With ``--secure`` its node id belongs to its
-        registered key, and the SuperLink refuses to activate a node it still lists as online
-        (``[code: 2004]``): wait until it has marked it offline (≤ 2 × 30 s after its last
-        heartbeat). Asked at most every 2 s."""
-        if not self.config.secure:
-            return True
-        if now - self.rejoin_checked_at < 2.0:
-            return False
-        self.rejoin_checked_at = now
-        status = self.dep.node_status(self.config.kill_node)
-        if status == "online" and "revive_waits_for_offline" not in self.info:
-            self.info["revive_waits_for_offline"] = True
-            log(f"SuperNode {self.config.kill_node} is still online at the SuperLink; waiting for it to be "
-                "marked offline before restarting it with the same key")
-        return status == "offline"
+        self.reaper.step(elapsed)
 
     # ---------------------------------------------------------------- shutdown and report
     def _shut_down(self) -> None:
@@ -165,6 +141,8 @@ class Session:
             self.info["leftover_pids"] = left
             self.info["superlink_port"] = self.dep.port
             self.info["node_stats"] = self.dep.events.node_stats()
+            if self.reaper.kills:
+                self.info["kills"] = self.reaper.report(self.dep.events)
 
     def _record_security(self) -> None:
         """Before anything is stopped: whether the SuperLink answers over TLS and not in clear, its
