@@ -188,5 +188,8 @@ def test_a_user_app_on_flowers_engine_gets_its_context_and_run_config():
     result = seen["result"]
     assert result.books["updates"] == 4 and result.books["rejected"] == 0
     assert not seen["clock"].virtual  # Flower's runtimes: the wall clock by default
+    # Moved from 0 toward the target 3. On the wall clock a buffer may hold stale deltas (from models
+    # further from 3), so the iterate can pass 3 a little (3.035 in one CI run), never by 1.5: each
+    # delta is half the distance from a model sent between 0 and 3.
     w = result.arrays["w"].numpy()
-    assert np.all(w > 1.0) and np.all(w <= 3.0)
+    assert np.all(w > 1.0) and np.all(w < 4.5)
