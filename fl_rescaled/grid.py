@@ -187,7 +187,7 @@ class InProcessGrid(Grid):
             if getattr(self._local, "torch_threads", None) != self._torch_threads:
                 torch.set_num_threads(self._torch_threads)  # (per thread: OpenMP's setting is)
                 self._local.torch_threads = self._torch_threads
-        return retry_ast_race(fn, *args)
+        return fn(*args)
 
     def _execute_in_order(self, msg: Message) -> Message:
         lock = self._node_locks.setdefault(msg.metadata.dst_node_id, threading.Lock())
@@ -196,8 +196,9 @@ class InProcessGrid(Grid):
 
     def submit(self, fn: Callable, *args: Any) -> Future | None:
         """Run ``fn(*args)`` on the pool (None without one: the caller runs it). Not part of
-        Flower's Grid API; the strategies use it, when present, for the central evaluation."""
-        return self._pooled(fn, *args) if self.workers > 1 else None
+        Flower's Grid API; the strategies use it, when present, for the central evaluation (the
+        user's code, which ``retry_ast_race`` guards as ``_execute`` guards the ClientApp)."""
+        return self._pooled(retry_ast_race, fn, *args) if self.workers > 1 else None
 
     def wait_messages(self, message_ids: Iterable[str], timeout: float | None = None) -> None:
         """Block until the replies to ``message_ids`` are ready (or ``timeout`` seconds). Not part

@@ -371,7 +371,6 @@ class AsyncStrategy(Strategy):
             log.info("\t%s", line.rstrip("\n"))
         return result
 
-
     def freeze(self, replicas: list[int], t: float) -> None:
         """A replica whose gradient went non-finite has diverged: its model stops moving (α_r = 0)
         while the other replicas go on with the same events."""
