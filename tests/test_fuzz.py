@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import io
 import math
-import signal
 
 import numpy as np
 import pytest
@@ -355,7 +354,8 @@ def test_any_run_config_gives_a_run_or_one_line_naming_the_key(cfg):
 
 
 #: Flags whose drawn values would only make a run slow (or wait on the wall clock) in the
-#: end-to-end cases below; the parsing test above covers them.
+#: end-to-end cases below; the parsing test above covers them. What is left runs 30 simulated time
+#: units with at most 4 clients, so every case ends (no time limit here: tests assert no timings).
 COSTLY = {"--task", "--engine", "--data-dir", "--out", "--resume", "--checkpoint-every", "--clock", "--time-unit",
           "--emulate", "--ttl", "--workers", "--torch-threads", "--quad-dim", "--local-steps", "--num-clients",
           "--taus", "--budget", "--eval-every", "--verbose", "--ahead", "--batch-size", "--strategy"}
@@ -367,10 +367,6 @@ cheap_argvs = st.tuples(
 )
 
 
-def _too_long(signum, frame):
-    raise AssertionError("a 30-unit quadratic run took over 60 s")
-
-
 @fuzz(MAIN_CASES)
 @given(case=cheap_argvs)
 def test_any_cheap_command_line_runs_or_fails_in_one_line(case):
@@ -378,15 +374,11 @@ def test_any_cheap_command_line_runs_or_fails_in_one_line(case):
     argv = [*_argv(pairs), "--task", "quadratic", "--strategy", strategy, "--num-clients", str(n),
             "--budget", "30", "--eval-every", "10", "--workers", "1", "--json", "--no-progress"]
     err = io.StringIO()
-    signal.signal(signal.SIGALRM, _too_long)
-    signal.alarm(60)
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         try:
             code = cli.main(argv)
         except SystemExit as exc:
             code = exc.code
-        finally:
-            signal.alarm(0)
     event(f"exit {code}")
     assert code in (0, 1, 2), (argv, code, err.getvalue())
     if code:
