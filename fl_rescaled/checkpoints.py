@@ -4,30 +4,35 @@ A final-model checkpoint is two files with one stem: ``<stem>.npz`` (the flat mo
 ``allow_pickle`` never needed) and ``<stem>.json`` (the run's outcome without its history).
 ``load_checkpoint`` refuses a model whose size does not match the summary.
 
-A run-state checkpoint (``write_state``/``read_state``) is one file: a JSON header line (format,
-the run's fingerprint, the payload's length and sha256) and the pickled state. It is written
-atomically, so a run killed while writing leaves the previous checkpoint intact. Reading checks,
-before anything is unpickled, that the file is whole (length, checksum) and that it belongs to
-this run (fingerprint), and then unpickles with an allowlist of modules (this package, numpy,
-Flower's records, a few builtins): a corrupted or foreign checkpoint is refused with a one-line
-``CheckpointError``, never half-loaded.
+A run-state checkpoint (``write_state``/``read_state``) is one file of data only: an uncompressed
+zip holding ``header.json`` (format, state version, the run's fingerprint, the arrays' names),
+``state.json`` (the run's state as JSON, ``fl_rescaled.runstate``) and one ``.npy`` per array. It is
+written atomically (a run killed while writing leaves the previous checkpoint intact, and the next
+write or read removes the temporary file it left). Reading executes nothing the file says (no
+pickle, no import) and checks, before the state is used, that the file is whole (the zip's CRCs),
+of this format and state version, of this run (fingerprint), and that every array has a plain
+dtype and the size its header declares; the state itself is then checked against its schema
+(``fl_rescaled.codec``). Anything else is refused with a one-line ``CheckpointError``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
+import math
 import os
-import pickle
+import re
 import tempfile
 import time
+import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from .codec import DTYPES
 
 
 def _file_mode() -> int:
@@ -84,67 +89,124 @@ def load_checkpoint(stem: str | Path) -> tuple[np.ndarray, dict[str, Any]]:
     return model, meta
 
 
-STATE_FORMAT = 1
-_MAGIC = b"fl-rescaled run state\n"
+STATE_FORMAT = "fl-rescaled run state"
+_OLD_MAGIC = b"fl-rescaled run state\n"  # (format 1: a JSON header line and a pickle; refused)
+_ZIP_MAGIC = b"PK\x03\x04"
+_MEMBER = re.compile(r"^arrays/(\d{1,9})\.npy$")
+#: The most arrays a run state holds (a population's books, models in flight, a strategy's tables).
+MAX_ARRAYS = 100_000
 
 
 class CheckpointError(ValueError):
     """A run-state checkpoint that cannot be used (missing, corrupted, foreign); one line."""
 
 
-_ALLOWED_MODULES = ("fl_rescaled.", "numpy", "flwr.app.", "collections", "copyreg", "_codecs", "functools",
-                    "_operator", "operator")
-_ALLOWED_BUILTINS = {"set", "frozenset", "dict", "list", "tuple", "int", "float", "complex", "bool", "str",
-                     "bytes", "bytearray", "slice", "range", "object", "getattr"}
-
-
-class _StateUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str):
-        if module == "builtins" and name in _ALLOWED_BUILTINS:
-            return super().find_class(module, name)
-        if module.startswith(_ALLOWED_MODULES) or module == "fl_rescaled":
-            return super().find_class(module, name)
-        raise CheckpointError(f"the checkpoint refers to {module}.{name}, which a run state never contains")
-
-
-def write_state(path: str | Path, state: Any, fingerprint: str) -> Path:
-    """Write ``state`` (pickled) with a header naming ``fingerprint``; atomically."""
-    payload = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
-    header = {"format": STATE_FORMAT, "fingerprint": fingerprint, "bytes": len(payload),
-              "sha256": hashlib.sha256(payload).hexdigest(), "written": time.strftime("%Y-%m-%d %H:%M:%S")}
+def write_state(path: str | Path, tree: dict[str, Any], arrays: dict[str, np.ndarray], fingerprint: str,
+                version: int) -> Path:
+    """Write a run's state (``tree``: JSON-able, ``arrays``: named arrays) for the run ``fingerprint``,
+    atomically: a zip of ``header.json``, ``state.json`` and one ``.npy`` per array, uncompressed."""
     path = Path(path)
-    with atomic_path(path) as tmp, tmp.open("wb") as fh:
-        fh.write(_MAGIC + json.dumps(header).encode() + b"\n")
-        fh.write(payload)
-        fh.flush()
-        os.fsync(fh.fileno())
+    names = list(arrays)
+    header = {"format": STATE_FORMAT, "version": version, "fingerprint": fingerprint, "arrays": names,
+              "written": time.strftime("%Y-%m-%d %H:%M:%S")}
+    remove_stale_temporaries(path)
+    with atomic_path(path) as tmp:
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED) as zf:
+            zf.writestr("header.json", json.dumps(header))
+            zf.writestr("state.json", json.dumps(tree))
+            for i, name in enumerate(names):
+                buf = io.BytesIO()
+                np.lib.format.write_array(buf, np.asarray(arrays[name]), allow_pickle=False)
+                zf.writestr(f"arrays/{i}.npy", buf.getvalue())
+        with tmp.open("rb+") as fh:
+            os.fsync(fh.fileno())
     return path
 
 
-def read_state(path: str | Path, fingerprint: str) -> Any:
-    """The state written by ``write_state`` for the run ``fingerprint``; ``CheckpointError`` otherwise."""
+def read_state(path: str | Path, fingerprint: str, version: int) -> tuple[Any, dict[str, np.ndarray]]:
+    """The (tree, arrays) that ``write_state`` wrote for the run ``fingerprint``.
+
+    Nothing in the file is executed, imported or unpickled: it is a zip of JSON and ``.npy`` arrays
+    of plain dtypes, and anything else is refused with a one-line ``CheckpointError``, before the
+    arrays are read: a file of another format (an old pickle included), a damaged or truncated one,
+    compressed or unexpected members, another run's, a header that does not match its arrays.
+    """
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"no checkpoint at {path}")
-    blob = path.read_bytes()
-    if not blob.startswith(_MAGIC):
+    remove_stale_temporaries(path)
+    with path.open("rb") as fh:
+        head = fh.read(len(_OLD_MAGIC))
+    if head.startswith(_OLD_MAGIC):
+        raise CheckpointError(f"{path} was written by an older version of fl-rescaled (a pickle), which this "
+                              "version never reads; start the run again")
+    if not head.startswith(_ZIP_MAGIC):
         raise CheckpointError(f"{path} is not an fl-rescaled run checkpoint")
-    line, sep, payload = blob[len(_MAGIC):].partition(b"\n")
     try:
-        header = json.loads(line)
-    except ValueError:
-        header = None
-    if not sep or not isinstance(header, dict):
-        raise CheckpointError(f"{path}: the checkpoint's header is damaged")
-    if header.get("format") != STATE_FORMAT:
-        raise CheckpointError(f"{path}: checkpoint format {header.get('format')!r}, this version reads {STATE_FORMAT}")
-    if len(payload) != header.get("bytes") or hashlib.sha256(payload).hexdigest() != header.get("sha256"):
-        raise CheckpointError(f"{path}: the checkpoint is corrupted (its length or checksum does not match)")
-    if header.get("fingerprint") != fingerprint:
-        raise CheckpointError(f"{path}: the checkpoint belongs to another run (other settings, strategy or model)")
-    try:
-        return _StateUnpickler(io.BytesIO(payload)).load()
+        with zipfile.ZipFile(path) as zf:
+            return _read_members(zf, path, fingerprint, version)
     except CheckpointError:
         raise
-    except Exception as exc:  # noqa: BLE001 - whatever is wrong inside, nothing was loaded
-        raise CheckpointError(f"{path}: the checkpoint cannot be read ({type(exc).__name__}: {exc})") from None
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, KeyError) as exc:
+        raise CheckpointError(f"{path}: the checkpoint is corrupted ({type(exc).__name__}: {exc})") from None
+
+
+def _read_members(zf: zipfile.ZipFile, path: Path, fingerprint: str, version: int):
+    infos = zf.infolist()
+    if len(infos) > MAX_ARRAYS + 2:
+        raise CheckpointError(f"{path}: too many members for a run state")
+    for info in infos:
+        if info.compress_type != zipfile.ZIP_STORED:
+            raise CheckpointError(f"{path}: member {info.filename!r} is compressed; a run state never is")
+        if info.filename not in ("header.json", "state.json") and not _MEMBER.match(info.filename):
+            raise CheckpointError(f"{path}: unexpected member {info.filename!r}")
+    header = _json(zf, "header.json", path)
+    if not isinstance(header, dict) or header.get("format") != STATE_FORMAT:
+        raise CheckpointError(f"{path} is not an fl-rescaled run checkpoint")
+    if header.get("version") != version:
+        raise CheckpointError(f"{path}: run-state version {header.get('version')!r}; this version of fl-rescaled "
+                              f"reads version {version}")
+    if header.get("fingerprint") != fingerprint:
+        raise CheckpointError(f"{path}: the checkpoint belongs to another run (other settings, strategy or model)")
+    names = header.get("arrays")
+    members = {info.filename for info in infos}
+    if not (isinstance(names, list) and all(isinstance(n, str) for n in names) and len(set(names)) == len(names)
+            and members == {"header.json", "state.json", *(f"arrays/{i}.npy" for i in range(len(names)))}):
+        raise CheckpointError(f"{path}: the header does not list the arrays the file holds")
+    tree = _json(zf, "state.json", path)
+    arrays = {name: _array(zf.read(f"arrays/{i}.npy"), path, name) for i, name in enumerate(names)}
+    return tree, arrays
+
+
+def _json(zf: zipfile.ZipFile, member: str, path: Path) -> Any:
+    try:
+        return json.loads(zf.read(member).decode("utf-8"))
+    except KeyError:
+        raise CheckpointError(f"{path}: {member} is missing") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise CheckpointError(f"{path}: {member} is not valid JSON ({exc})") from None
+
+
+def _array(data: bytes, path: Path, name: str) -> np.ndarray:
+    """One ``.npy`` member: a plain dtype, and exactly as many bytes as its header declares."""
+    buf = io.BytesIO(data)
+    try:
+        major, _ = np.lib.format.read_magic(buf)
+        if major not in (1, 2):
+            raise ValueError(f".npy version {major}")
+        read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = read(buf)
+    except (ValueError, SyntaxError, TypeError) as exc:
+        raise CheckpointError(f"{path}: array {name!r} has a bad header ({exc})") from None
+    if dtype.hasobject or dtype.name not in DTYPES or fortran:
+        raise CheckpointError(f"{path}: array {name!r} is {dtype}; a run state holds plain C-order arrays")
+    if buf.tell() + dtype.itemsize * math.prod(shape) != len(data):
+        raise CheckpointError(f"{path}: array {name!r} does not hold the {list(shape)} values its header declares")
+    return np.frombuffer(data, dtype=dtype, offset=buf.tell()).reshape(shape)
+
+
+def remove_stale_temporaries(path: str | Path) -> None:
+    """Remove what an interrupted ``atomic_path`` left beside ``path`` (a process killed while writing)."""
+    path = Path(path)
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):
+        stale.unlink(missing_ok=True)

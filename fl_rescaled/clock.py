@@ -8,12 +8,17 @@ their replies arrive and compute times are measured, not drawn.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 import numpy as np
+
+from .grid_api import AsyncGrid
+
+log = logging.getLogger("flwr.fl_rescaled")
 
 #: Compute times of the paper's MNIST study: two workers each at 1, 2, 4, 8 and 16 time units.
 DEFAULT_TAUS: tuple[float, ...] = (1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 8.0, 8.0, 16.0, 16.0)
@@ -51,7 +56,8 @@ class DelayModel:
     """Per-worker compute times: fixed τ_i, or independent Exp(mean τ_i) draws.
 
     Each worker owns its own generator seeded from (seed, worker), so a worker's sequence of draws
-    does not depend on how the other workers' jobs interleave with it.
+    does not depend on how the other workers' jobs interleave with it. Generators are made on a
+    worker's first draw; ``rngs`` (worker → generator) is part of the run's state.
     """
 
     def __init__(self, taus: Sequence[float], kind: str = "fixed", seed: int = 0) -> None:
@@ -61,22 +67,21 @@ class DelayModel:
         self.taus = tuple(float(x) for x in taus)
         self.kind = kind
         self.seed = int(seed)
-        self._rngs = [np.random.default_rng((self.seed, 0xDE1A, i)) for i in range(len(self.taus))]
+        self.rngs: dict[int, np.random.Generator] = {}
 
     @property
     def num_workers(self) -> int:
         return len(self.taus)
-
-    def mean(self, worker: int) -> float:
-        """Expected compute time of one job on ``worker``."""
-        return self.taus[worker]
 
     def sample(self, worker: int) -> float:
         """Draw the compute time of the next job of ``worker``."""
         tau = self.taus[worker]
         if self.kind == "fixed":
             return tau
-        return float(self._rngs[worker].exponential(tau))
+        rng = self.rngs.get(worker)
+        if rng is None:
+            rng = self.rngs[worker] = np.random.default_rng((self.seed, 0xDE1A, worker))
+        return float(rng.exponential(tau))
 
     def __repr__(self) -> str:
         return f"DelayModel(kind={self.kind!r}, taus={list(self.taus)}, seed={self.seed})"
@@ -133,12 +138,28 @@ class WallClock:
         job, not at start-up; a resumed run goes on from its checkpoint's time)."""
         self._t0 = time.monotonic() - at * self.time_unit
 
-    def __getstate__(self) -> dict:  # (a checkpoint keeps the time reached, not this process's clock)
-        return {"time_unit": self.time_unit, "_reached": self.now}
-
-    def __setstate__(self, state: dict) -> None:
-        self.time_unit = state["time_unit"]
-        self.restart(state["_reached"])
-
     def advance(self, t: float) -> None:  # wall time advances by itself
         del t
+
+
+def default_clock(grid: AsyncGrid, taus: list[float] | None, num_workers: int | None, partition_query: bool) -> Clock:
+    """A virtual clock on a Grid with virtual time (in-process), else (Flower's runtimes) the wall clock.
+
+    The virtual clock's τ_i: ``taus`` (per partition), else each node's ``tau`` node-config key (1 if
+    unset), in worker order.
+    """
+    if grid.virtual_time:
+        if taus is None:
+            nodes = sorted(int(n) for n in grid.get_node_ids())
+            if partition_query:  # the worker order is the partition order
+                nodes.sort(key=lambda n: int(grid.node_config(n).get("partition-id", 0)))
+            taus = [float(grid.node_config(n).get("tau", 1.0)) for n in nodes]
+            if num_workers is not None:
+                taus = taus[:num_workers]
+            if len(set(taus)) == 1 and len(taus) > 1:
+                log.warning("every node's compute time τ is %g (set 'tau' in the node configs or pass "
+                            "taus): time-proportional stepsizes change nothing", taus[0])
+        return VirtualClock(DelayModel(taus, "fixed"))
+    if taus is not None:
+        raise ValueError("taus define a virtual clock; this Grid runs on the wall clock (pass clock=...)")
+    return WallClock()

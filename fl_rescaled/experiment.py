@@ -30,9 +30,9 @@ from .layout import decode_array
 from .manager import ManagerObserver
 from .metrics import plot_curves, write_history_csv
 from .runspec import RunSpec, default_taus
+from .runstate import Checkpointing
 from .stepsizes import vanilla_stepsize
 from .strategies import AsyncStrategy, options
-from .strategies.loop import Checkpointing
 from .tasks import get_task, task_spec
 
 __all__ = ["RunSpec", "default_taus", "local_training", "make_strategy", "run", "run_batch", "to_json"]
@@ -109,14 +109,15 @@ def run(spec: RunSpec, grid: Grid | None = None, *, clock: Clock | None = None,
     strategy = make_strategy(spec)
     wall = _start(spec, cfg, task, strategy, task.initial_params(spec.seed, spec.quad_x0), grid, clock, observers)
     _in_gradient_units(spec, strategy)
-    params = strategy.x.copy()
-    out = _outcome(spec, strategy, strategy.history, params, wall, task)
+    driver = strategy.last_run
+    params = driver.state.x.copy()
+    out = _outcome(spec, driver, driver.state.history, params, wall, task)
     if spec.out:
         odir = Path(spec.out)
         stem = f"{spec.task}_{spec.strategy}_lr{spec.lr:g}_seed{spec.seed}"
-        out["csv"] = str(write_history_csv(odir / f"{stem}.csv", strategy.history))
+        out["csv"] = str(write_history_csv(odir / f"{stem}.csv", driver.state.history))
         out["checkpoint"] = str(save_checkpoint(odir / stem, params, out)[0])
-        out["png"] = str(plot_curves(odir / f"{stem}.png", {f"{spec.strategy} α={spec.lr:g}": strategy.history},
+        out["png"] = str(plot_curves(odir / f"{stem}.png", {f"{spec.strategy} α={spec.lr:g}": driver.state.history},
                                      logy=spec.task == "mnist"))
     return out
 
@@ -144,16 +145,16 @@ def run_batch(spec: RunSpec, lrs: list[float], seeds: list[int]) -> list[dict[st
     spec.seed = int(seeds[0])
     cfg = {**spec.task_config(), "replica-seeds": [int(s) for s in seeds]}
     task = get_task(cfg)
-    strategy = make_strategy(spec)
-    strategy.set_replicas([float(a) for a in lrs])
-    wall = _start(spec, cfg, task, strategy, task.initial_params())
+    strategy = make_strategy(dataclasses.replace(spec, lr=1.0))  # (every rule is linear in α)
+    wall = _start(spec, cfg, task, strategy, task.initial_params(), replicas=[float(a) for a in lrs])
+    driver = strategy.last_run
     R, P = len(lrs), task.base.size
     n = spec.num_clients or task.num_workers
-    params = strategy.x.reshape(R, P).copy()
+    params = driver.state.x.reshape(R, P).copy()
     outs = []
     for r, (lr, seed) in enumerate(zip(lrs, seeds)):
         hist = []
-        for row in strategy.history:
+        for row in driver.state.history:
             h = dict(row)
             h["cumulative_stepsize"] = row["cumulative_stepsize"] * lr
             for key in ("loss", "accuracy"):
@@ -163,11 +164,11 @@ def run_batch(spec: RunSpec, lrs: list[float], seeds: list[int]) -> list[dict[st
                 h["client_losses"] = row["client_losses"][r * n:(r + 1) * n]
             hist.append(h)
         rspec = dataclasses.replace(spec, lr=float(lr), seed=int(seed))
-        out = _outcome(rspec, strategy, hist, params[r], wall / R, task)
-        out["cumulative_stepsize"] = strategy.manager.stepsize_sum * lr
-        if r in strategy.frozen_replicas:
+        out = _outcome(rspec, driver, hist, params[r], wall / R, task)
+        out["cumulative_stepsize"] = driver.manager.books.stepsize_sum * lr
+        if r in driver.state.frozen:
             out["rejected"] = {**out["rejected"], "non-finite": 1}
-            out["frozen_at"] = strategy.frozen_replicas[r]
+            out["frozen_at"] = driver.state.frozen[r]
         out["batch"] = {"replicas": R, "index": r, "wall_seconds": wall}
         outs.append(out)
     return outs
@@ -175,7 +176,7 @@ def run_batch(spec: RunSpec, lrs: list[float], seeds: list[int]) -> list[dict[st
 
 def _start(spec: RunSpec, cfg: dict[str, Any], task, strategy: AsyncStrategy, x0: np.ndarray,
            grid: Grid | None = None, clock: Clock | None = None,
-           observers: list[ManagerObserver] | None = None) -> float:
+           observers: list[ManagerObserver] | None = None, replicas: list[float] | None = None) -> float:
     """Build the grid and clock the spec asks for (unless given), run the strategy's loop on them;
     return the wall seconds the loop took."""
     if spec.task == "mnist":
@@ -185,14 +186,14 @@ def _start(spec: RunSpec, cfg: dict[str, Any], task, strategy: AsyncStrategy, x0
         grid = InProcessGrid(client_app, spec.num_clients, seed=spec.seed, threaded=spec.clock == "wall",
                              workers=spec.workers if spec.clock == "virtual" else 1, ahead=spec.ahead)
     train_config: dict[str, Any] = {"task": task_spec(cfg), **local_training(spec, strategy)}
-    manager_options: dict[str, Any] = {"tau_estimator": spec.tau_estimator}
+    settings: dict[str, Any] = {"tau_estimator": spec.tau_estimator}
     if clock is None:
         clock = WallClock(spec.time_unit) if spec.clock == "wall" else VirtualClock(
             DelayModel(spec.taus, spec.delays, spec.seed))
     if not clock.virtual and spec.emulate:
         # Clients sleep τ_i time units per job (τ_i from their node config if set there, else this).
         train_config.update({"emulate": spec.emulate, "time-unit": spec.time_unit})
-        manager_options["worker_config"] = [{"tau": float(t)} for t in spec.taus]
+        settings["worker_config"] = [{"tau": float(t)} for t in spec.taus]
     wall0 = time.perf_counter()
     with _quiet_strategy_log():
         strategy.start(
@@ -201,7 +202,8 @@ def _start(spec: RunSpec, cfg: dict[str, Any], task, strategy: AsyncStrategy, x0
             time_budget=spec.budget,
             train_config=train_config,
             timeout=spec.ttl,
-            manager_options=manager_options,
+            settings=settings,
+            replicas=replicas,
             evaluate_fn=make_evaluate_fn(task),
             clock=clock,
             eval_every=spec.eval_every or spec.budget / 200.0,
@@ -251,39 +253,41 @@ def _in_gradient_units(spec: RunSpec, strategy: AsyncStrategy) -> None:
     if not local:
         return
     scale = local["local-lr"] * local["local-steps"]
-    assert strategy.manager is not None
-    strategy.manager.stepsize_sum *= scale
-    for row in strategy.history:
+    driver = strategy.last_run
+    driver.manager.books.stepsize_sum *= scale
+    for row in driver.state.history:
         row["cumulative_stepsize"] *= scale
 
 
-def _outcome(spec: RunSpec, strategy, history: list[dict[str, Any]], params: np.ndarray, wall: float,
+def _outcome(spec: RunSpec, driver, history: list[dict[str, Any]], params: np.ndarray, wall: float,
              task) -> dict[str, Any]:
     """The flat result dict of one run (one replica of a batch) from its history and final model."""
     final = history[-1]
-    manager = strategy.manager
+    manager = driver.manager
+    books = manager.books
     out: dict[str, Any] = {
         "strategy": spec.strategy,
         "task": spec.task,
-        "lr": spec.lr if spec.lr is not None else strategy.lr,
+        "lr": spec.lr if spec.lr is not None else driver.strategy.lr,
         "budget": spec.budget,
         "seed": spec.seed,
         "delays": spec.delays,
         "taus": list(spec.taus or []),
         "final_time": final["time"],
-        "num_updates": manager.version,
-        "gradients": sum(b.jobs_done for b in manager.books),
+        "num_updates": books.version,
+        "gradients": int(sum(c.sum() for k, c in books.outcomes.items() if k != "cancelled")),
         "updates_per_worker": final["updates_per_worker"],
-        "cumulative_stepsize": manager.stepsize_sum,
+        "cumulative_stepsize": books.stepsize_sum,
         "final_loss": final.get("loss"),
         "client_losses": final.get("client_losses"),
-        "rejected": dict(manager.rejections),
+        "rejected": books.failures(),
+        "stray": dict(books.stray),
         "discarded_per_worker": final["discarded_per_worker"],
         "wasted_time": final.get("wasted_time", 0.0),
         "idle_share_per_worker": final["idle_share_per_worker"],
         "lost_per_worker": final["lost_per_worker"],
         "stored_vectors_max": max(h["stored_vectors"] for h in history),
-        "books": manager.books_summary(),
+        "books": manager.books_totals(),
         "wall_seconds": wall,
         "tau_stats": tau_stats(spec.taus),
     }

@@ -29,6 +29,7 @@ import ctypes
 import logging
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
@@ -40,6 +41,8 @@ from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
+
+from .grid_api import set_message_id
 
 
 _ALLOCATOR_TUNED = False
@@ -206,6 +209,8 @@ class InProcessGrid(Grid):
         futures = [self._futures[m] for m in message_ids if m in self._futures]
         if futures:
             wait(futures, timeout=timeout)
+        elif not any(m in self._pending for m in message_ids):  # nothing of ours to wait for: do not spin
+            time.sleep(0.001 if timeout is None else max(0.0, min(0.001, timeout)))
 
     # -- Grid API
     def set_run(self, run: Run) -> None:
@@ -230,7 +235,7 @@ class InProcessGrid(Grid):
                 raise ValueError(f"unknown destination node {msg.metadata.dst_node_id}")
             mid = f"{self._next_id:016x}"
             self._next_id += 1
-            msg.metadata.__dict__["_message_id"] = mid
+            set_message_id(msg, mid)
             if self.threaded:
                 nid = msg.metadata.dst_node_id
                 if nid not in self._executors:
@@ -280,7 +285,7 @@ class InProcessGrid(Grid):
         ctx = self.contexts[nid]
         if nid in self.offline:
             reply = Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason="node unavailable"), reply_to=msg)
-            reply.metadata.__dict__["_message_id"] = f"r{msg.metadata.message_id}"
+            set_message_id(reply, f"r{msg.metadata.message_id}")
             return reply
         try:
             reply = retry_ast_race(self.client_app, msg, ctx)
@@ -289,5 +294,5 @@ class InProcessGrid(Grid):
                 Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(exc)}:<'{exc}'>"),
                 reply_to=msg,
             )
-        reply.metadata.__dict__["_message_id"] = f"r{msg.metadata.message_id}"
+        set_message_id(reply, f"r{msg.metadata.message_id}")
         return reply

@@ -4,6 +4,7 @@
 and the paper study build strategies from it and read each one's options from its constructor.
 """
 
+from fl_rescaled.reporting import AsyncResult
 from fl_rescaled.stepsizes import damped_rescaled
 
 from .asgd import ASGD, asgd_variant
@@ -14,7 +15,6 @@ from .fedasync import FedAsync
 from .fedbuff import FedBuff
 from .malenia import MaleniaSGD
 from .minibatch import MinibatchSGD
-from .reporting import AsyncResult
 from .rescaled import RescaledASGD
 from .ringleader import RingleaderASGD
 from .vanilla import VanillaASGD

@@ -6,6 +6,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from fl_rescaled.algorithm import Run
 from fl_rescaled.manager import Completion
 from fl_rescaled.stepsizes import RULES, Rule
 
@@ -38,21 +39,9 @@ class ASGD(AsyncStrategy):
             rule = RULES[rule]()
         self.rule = rule
 
-    def stepsize(self, comp: Completion) -> float:
-        assert self.manager is not None
-        return self.rule(self.lr, comp.worker, self.manager.taus, comp.delay)
-
-    def on_start(self) -> None:
-        for worker in range(self.n):
-            self.on_worker_joined(worker)
-
-    def on_worker_joined(self, worker: int) -> None:
-        self.start_jobs(worker)
-
-    def on_completion(self, comp: Completion) -> None:
-        assert comp.update is not None
-        self.apply(comp.worker, comp.update, self.stepsize(comp))
-        self.submit(comp.worker)
+    def on_completion(self, run: Run, comp: Completion) -> None:
+        run.apply(comp.worker, comp.update, self.rule(self.lr, comp.worker, run.taus, comp.delay))
+        run.send_next(comp.worker)
 
 
 def asgd_variant(name: str, factory: Callable[..., Rule]) -> type[ASGD]:

@@ -1,14 +1,12 @@
-"""The event loop shared by every asynchronous strategy.
+"""The base of every asynchronous strategy: its options, the algorithm's hooks, and the Flower façade.
 
-``AsyncStrategy.start`` replaces Flower's round loop. It hands the strategy one finished job at a
-time (``on_completion``), in virtual-clock order in simulation and in arrival order on the wall
-clock; evaluates the global model about ten times by default (centrally with ``evaluate_fn``, and
-on the nodes' ``@app.evaluate`` with ``fraction_evaluate``); aggregates every numeric metric the
-replies carry per evaluation window; and returns Flower's ``Result`` (an ``AsyncResult``, which
-adds the run's books). A run that cannot make progress raises ``RunFailed`` with the first
-rejection's reason instead of returning the initial model.
-
-Subclasses implement ``on_start`` (send the first jobs) and ``on_completion``.
+A strategy is the **algorithm** of a run: it declares its options (keyword-only constructor
+arguments, documented once in numpydoc), its state (a dataclass, ``State``: buffers, tables, rounds;
+created when the strategy is built and again when a run starts), and what it does with one
+completion at a time (``on_start``, ``on_completion``, ``on_rejected``, ``on_joined``), through the
+``Run`` the driver hands it (``fl_rescaled.driver``: apply a step, send jobs). ``start`` is the
+**Flower façade**: it replaces Flower's round loop with a ``Driver``, which owns the run, and
+returns Flower's ``Result`` (an ``AsyncResult``, which adds the run's books).
 """
 
 from __future__ import annotations
@@ -16,30 +14,31 @@ from __future__ import annotations
 import io
 import logging
 import math
-import time
-from abc import abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from fl_rescaled.clock import Clock
-from fl_rescaled.errors import RunFailed
-from fl_rescaled.layout import ModelLayout
-from fl_rescaled.manager import AsyncClientManager, Completion, ManagerObserver
-from fl_rescaled.metrics import ProgressBar
+from fl_rescaled.algorithm import Run
+from fl_rescaled.driver import Driver
+from fl_rescaled.manager import Completion, ManagerObserver
+from fl_rescaled.reporting import AsyncResult, EvaluateFn
+from fl_rescaled.runstate import Checkpointing
 from fl_rescaled.stepsizes import vanilla
-
-from .loop import Checkpointing, EvalSchedule, EvaluateFn, budgets, new_run
-from .reporting import AsyncResult
-from .resume import resume_run, run_fingerprint
 
 log = logging.getLogger("flwr.fl_rescaled")
 
 REPLIES = ("gradient", "model")
+
+
+@dataclass
+class NoState:
+    """The state of a strategy that keeps none besides the model (the ASGD family, FedAsync)."""
 
 
 class AsyncStrategy(Strategy):
@@ -117,52 +116,44 @@ class AsyncStrategy(Strategy):
         self.arrayrecord_key = arrayrecord_key
         self.configrecord_key = configrecord_key
         self.max_consecutive_rejections = max_consecutive_rejections
-        self.manager: AsyncClientManager | None = None
-        self.layout: ModelLayout | None = None
-        self.x: np.ndarray = np.zeros(0, np.float32)
-        self.carried: dict[str, np.ndarray] = {}
-        self._scratch: np.ndarray = self.x
-        self.history: list[dict[str, Any]] = []
-        self.wall_seconds = 0.0
-        self.on_event: Callable[[Completion, np.ndarray], None] | None = None
-        #: Batched runs (``set_replicas``): α of every replica; the strategy then runs with lr = 1
-        #: and each replica's step is the unit step times its α (every stepsize rule is linear in α).
-        self.replica_lrs: np.ndarray | None = None
-        self.frozen_replicas: dict[int, float] = {}  # replica -> time its gradient went non-finite
+        #: The algorithm's state (``State``); a run starts with a fresh one (``init_state``).
+        self.state: Any = self.State()
+        #: The driver of the last run started (its manager, books and state stay readable after it).
+        self.last_run: Driver | None = None
 
-    def __getstate__(self) -> dict:  # (a checkpoint: the caller's event callback stays with the caller)
-        return {**self.__dict__, "on_event": None}
+    # ---------------------------------------------------------------- the algorithm
+    #: The dataclass of this algorithm's state.
+    State: type = NoState
 
-    def set_replicas(self, lrs: list[float]) -> None:
-        """Run R replicas that differ only in α (and seed) in one event loop: the model is their
-        flat vectors end to end, every event applies each replica's own step α_r · γ_unit."""
-        if not lrs or any(not (a > 0 and math.isfinite(a)) for a in lrs):
-            raise ValueError("every replica's α must be positive")
-        self._replica_alphas = np.asarray(lrs, dtype=np.float64)
-        self.replica_lrs = self._replica_alphas.copy()
-        self.lr = 1.0
+    def init_state(self, run: Run) -> Any:
+        """A fresh state for a run of ``run.n`` workers on the model ``run.x``."""
+        del run
+        return self.State()
 
-    # ---------------------------------------------------------------- hooks for subclasses
-    @abstractmethod
-    def on_start(self) -> None:
-        """Send the first jobs (the manager is connected and the model is ``self.x``)."""
+    def check_state(self, state: Any, n: int, x: np.ndarray) -> None:
+        """Raise ValueError when ``state`` (read from a checkpoint) does not fit ``n`` workers and the
+        model ``x`` (array shapes and ranges the schema cannot say)."""
 
-    @abstractmethod
-    def on_completion(self, comp: Completion) -> None:
+    def on_start(self, run: Run) -> None:
+        """Send the first jobs: ``jobs_per_node`` jobs to every worker (the methods that restart at once)."""
+        for worker in range(run.n):
+            self.on_joined(run, worker)
+
+    def on_completion(self, run: Run, comp: Completion) -> None:
         """One accepted reply: ``comp.update`` is a direction g (a gradient or a pseudo-gradient)."""
+        raise NotImplementedError
 
-    def on_rejected(self, comp: Completion) -> None:
-        """A reply that must not touch the model: give the worker a fresh job on the current model
-        (unless its node is gone: it gets one when it reappears, and a job of the node it had before
-        it restarted is not replaced, since the worker got its jobs when it rejoined)."""
-        assert self.manager is not None
-        book = self.manager.books[comp.worker]
-        if book.online and comp.job.node_id == book.node_id:
-            self.submit(comp.worker)
+    def on_rejected(self, run: Run, comp: Completion) -> None:
+        """A reply that must not touch the model: its worker's slot gets a fresh job on the current
+        model (unless its node is gone: it gets one when it reappears, and a job of the node it had
+        before it restarted is not replaced, since the worker got its jobs when it rejoined)."""
+        if run.is_online(comp.worker) and comp.job.node_id == run.node_of(comp.worker):
+            run.send_next(comp.worker)
 
-    def on_worker_joined(self, worker: int) -> None:
-        """Wall clock: a worker's node (re)appeared; give it work on the current model."""
-        self.submit(worker)
+    def on_joined(self, run: Run, worker: int) -> None:
+        """A worker's node (re)appeared (wall clock), or the run starts: ``jobs_per_node`` jobs for it."""
+        for _ in range(self.jobs_per_node):
+            run.send(worker)
 
     def job_config(self) -> dict | None:
         """Extra config every job of this strategy carries; default none."""
@@ -179,45 +170,11 @@ class AsyncStrategy(Strategy):
     def describe(self) -> dict[str, Any]:
         return {"strategy": self.name, "lr": self.lr, "reply": self.reply}
 
-    # ---------------------------------------------------------------- helpers
-    @property
-    def n(self) -> int:
-        assert self.manager is not None
-        return self.manager.num_workers
-
-    def submit(self, worker: int) -> None:
-        """Send ``worker`` a job on the current model (with this strategy's ``job_config``)."""
-        assert self.manager is not None
-        self.manager.submit(worker, self.x, self.manager.version, self.job_config(), self.carried)
-
-    def start_jobs(self, worker: int) -> None:
-        """``jobs_per_node`` jobs on the current model for ``worker`` (methods that restart at once)."""
-        for _ in range(self.jobs_per_node):
-            self.submit(worker)
-
-    def vanilla_gamma(self) -> float:
+    @staticmethod
+    def vanilla_gamma(lr: float, run: Run) -> float:
         """Vanilla ASGD's step α · τ_H / (n · τ_max) over the current τ estimates: the base step of
         every method that normalises to Vanilla."""
-        assert self.manager is not None
-        return _VANILLA(self.lr, 0, self.manager.taus, 0)
-
-    def apply(self, worker: int, update: np.ndarray, stepsize: float, booked: float | None = None) -> None:
-        """x ← x − stepsize · update, booked as one server update triggered by ``worker``.
-
-        ``booked`` is the stepsize entered in the cumulative-stepsize books when it differs from
-        the multiplier; default ``stepsize``.
-        """
-        if self._scratch.shape != self.x.shape:
-            self._scratch = np.empty_like(self.x)
-        if self.replica_lrs is None:
-            np.multiply(update, stepsize, out=self._scratch, casting="same_kind")
-        else:  # each replica's step in the update's precision, as its own run would take α · γ_unit
-            R = len(self.replica_lrs)
-            steps = (stepsize * self.replica_lrs).astype(update.dtype)
-            np.multiply(update.reshape(R, -1), steps[:, None], out=self._scratch.reshape(R, -1))
-        np.subtract(self.x, self._scratch, out=self.x)
-        assert self.manager is not None
-        self.manager.record_update(worker, stepsize if booked is None else booked)
+        return _VANILLA(lr, 0, run.taus, 0)
 
     # ---------------------------------------------------------------- Flower's round API
     # Asynchronous strategies have no rounds: the whole run happens inside ``start``. These four
@@ -260,7 +217,8 @@ class AsyncStrategy(Strategy):
         progress: bool = False,
         observers: list[ManagerObserver] | None = None,
         checkpoint: Checkpointing | None = None,
-        manager_options: dict[str, Any] | None = None,
+        settings: dict[str, Any] | None = None,
+        replicas: Sequence[float] | None = None,
     ) -> AsyncResult:
         """Run the asynchronous loop until a budget is spent; return Flower's ``Result``.
 
@@ -309,10 +267,15 @@ class AsyncStrategy(Strategy):
         checkpoint : Checkpointing, optional
             Write the run's whole state to ``checkpoint.path`` every ``checkpoint.every`` time units
             (atomically, books checked); with ``resume=True`` go on from the state there instead of
-            starting (``strategies/resume.py``). A corrupted or foreign checkpoint raises
-            ``CheckpointError``.
-        manager_options : dict, optional
-            Extra keyword arguments of ``AsyncClientManager`` (``tau_estimator``, ``worker_config``).
+            starting. A corrupted, foreign or hostile checkpoint raises ``CheckpointError``.
+        settings : dict, optional
+            The client manager's settings (``AsyncClientManager``'s keywords: ``tau_estimator``,
+            ``tau_smoothing``, ``poll_interval``, ``node_refresh``, ``worker_config``).
+        replicas : sequence of float, optional
+            Run R replicas that differ only in α in one event loop (``experiment.run_batch``): the
+            model is their flat vectors end to end and each event applies replica r's step
+            α_r · γ, with γ the step of α = 1 (every stepsize rule is linear in α; build the
+            strategy with ``lr=1``).
 
         Returns
         -------
@@ -326,60 +289,27 @@ class AsyncStrategy(Strategy):
             When the run cannot make progress; the message names the first rejection's reason
             (for a ClientApp that raised: its own exception text).
         """
-        budget, max_updates = budgets(time_budget, num_updates, eval_every, num_evaluations)
-        self.layout, self.x, self.carried = ModelLayout.of(initial_arrays)
+        driver = Driver(self, grid, initial_arrays, num_updates=num_updates, time_budget=time_budget,
+                        timeout=timeout, train_config=train_config, evaluate_config=evaluate_config,
+                        evaluate_fn=evaluate_fn, clock=clock, taus=taus, eval_every=eval_every,
+                        num_evaluations=num_evaluations, num_workers=num_workers, partition_query=partition_query,
+                        progress=progress, observers=observers, checkpoint=checkpoint, settings=settings,
+                        replicas=replicas)
+        self.last_run = driver
+        layout = driver.layout
         log.info("Starting %s strategy:", type(self).__name__)
-        log.info("\t├── Model: %d arrays, %d trained values (%s)", len(self.layout.entries),
-                 self.layout.flat_size, self.layout.flat_dtype)
+        log.info("\t├── Model: %d arrays, %d trained values (%s)", len(layout.entries), layout.flat_size,
+                 layout.flat_dtype)
         log.info("\t├── Budget: %s", " and ".join(
-            ([f"{budget:g} time units"] if time_budget is not None else [])
-            + ([f"{max_updates} updates"] if max_updates is not None else [])))
+            ([f"{driver.budget:g} time units"] if time_budget is not None else [])
+            + ([f"{driver.max_updates} updates"] if driver.max_updates is not None else [])))
         self.summary()
-        bar = ProgressBar(budget if time_budget is not None else float(max_updates), enabled=progress, label=self.name)
-        plan = checkpoint and run_fingerprint(self, checkpoint, self.layout, budget, max_updates)
-        wall0 = time.perf_counter()
-        if plan is not None and plan.resume:
-            run = resume_run(self, plan, grid, evaluate_fn, evaluate_config, timeout, bar, observers)
-        else:
-            if eval_every is not None:
-                schedule = EvalSchedule(float(eval_every), None)
-            elif time_budget is not None:
-                schedule = EvalSchedule(budget / num_evaluations, None)
-            else:
-                schedule = EvalSchedule(math.inf, max(1, math.ceil(max_updates / num_evaluations)))
-            run = new_run(self, grid, clock, taus, num_workers, partition_query, dict(manager_options or {}),
-                          train_config, timeout, observers, evaluate_fn, evaluate_config, schedule, bar,
-                          by_time=time_budget is not None)
-            run.plan_checkpoints(plan)
-            wall0 = time.perf_counter()
-            self.on_start()
-        run.loop(budget, max_updates)
-        bar.close()
-        manager = self.manager
-        assert manager is not None
-        self.wall_seconds = time.perf_counter() - wall0
-        result = run.result
-        result.arrays = self.layout.to_record(self.x, self.carried)
-        result.books = MetricRecord(manager.books_summary())
-        try:
-            manager.ledger.check_balance()  # every job sent is accounted for, per worker
-        except AssertionError as exc:
-            raise RunFailed(str(exc), manager.books_summary()) from None
+        result = driver.run()
         log.info("")
-        log.info("Strategy execution finished in %.2fs", self.wall_seconds)
+        log.info("Strategy execution finished in %.2fs", driver.wall_seconds)
         for line in io.StringIO(str(result)):
             log.info("\t%s", line.rstrip("\n"))
         return result
-
-    def freeze(self, replicas: list[int], t: float) -> None:
-        """A replica whose gradient went non-finite has diverged: its model stops moving (α_r = 0)
-        while the other replicas go on with the same events."""
-        assert self.replica_lrs is not None
-        for r in replicas:
-            if r not in self.frozen_replicas:
-                self.frozen_replicas[int(r)] = float(t)
-                self.replica_lrs[int(r)] = 0.0
-                log.warning("replica %d: non-finite gradient at t=%g; replica frozen (diverged)", r, t)
 
 
 _VANILLA = vanilla()

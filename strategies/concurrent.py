@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from fl_rescaled.algorithm import Run
 from fl_rescaled.manager import Completion
 
 from .base import AsyncStrategy
+
+
+@dataclass
+class ConcurrentState:
+    """The generator of the random worker draws."""
+
+    rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
 
 
 class ConcurrentASGD(AsyncStrategy):
@@ -31,6 +40,7 @@ class ConcurrentASGD(AsyncStrategy):
 
     name = "concurrent"
     restarts_at_once = False
+    State = ConcurrentState
 
     def __init__(self, *, seed: int = 0, concurrency: int | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -45,19 +55,21 @@ class ConcurrentASGD(AsyncStrategy):
     def describe(self) -> dict:
         return {**super().describe(), "seed": self.seed, "concurrency": self.concurrency}
 
-    def on_start(self) -> None:
-        self.rng = np.random.default_rng((self.seed, 0xC0C0))
-        tau_c = self.n if self.concurrency is None else int(self.concurrency)
-        if not 1 <= tau_c <= self.n:
-            raise ValueError(f"concurrency must be in 1..{self.n}")
-        starters = range(self.n) if tau_c == self.n else self.rng.choice(self.n, tau_c, replace=False)
+    def init_state(self, run: Run) -> ConcurrentState:
+        return ConcurrentState(np.random.default_rng((self.seed, 0xC0C0)))
+
+    def on_start(self, run: Run) -> None:
+        rng, n = self.state.rng, run.n
+        tau_c = n if self.concurrency is None else int(self.concurrency)
+        if not 1 <= tau_c <= n:
+            raise ValueError(f"concurrency must be in 1..{n}")
+        starters = range(n) if tau_c == n else rng.choice(n, tau_c, replace=False)
         for worker in sorted(int(w) for w in starters):
-            self.submit(worker)
+            run.send(worker)
 
-    def on_completion(self, comp: Completion) -> None:
-        assert comp.update is not None
-        self.apply(comp.worker, comp.update, self.vanilla_gamma())
-        self.submit(int(self.rng.integers(self.n)))
+    def on_completion(self, run: Run, comp: Completion) -> None:
+        run.apply(comp.worker, comp.update, self.vanilla_gamma(self.lr, run))
+        run.send(int(self.state.rng.integers(run.n)))
 
-    def on_rejected(self, comp: Completion) -> None:
-        self.submit(int(self.rng.integers(self.n)))
+    def on_rejected(self, run: Run, comp: Completion) -> None:
+        run.send(int(self.state.rng.integers(run.n)))

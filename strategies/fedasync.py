@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from fl_rescaled.algorithm import Run
 from fl_rescaled.manager import Completion
 from fl_rescaled.stepsizes import fedasync_staleness
 
 from .base import AsyncStrategy
+
 
 class FedAsync(AsyncStrategy):
     """FedAsync: every returned model is mixed into the global one at once.
@@ -52,14 +54,9 @@ class FedAsync(AsyncStrategy):
     def describe(self) -> dict:
         return {**super().describe(), "mixing": self.mixing, "staleness": self.staleness, "a": self.a, "b": self.b}
 
-    def on_start(self) -> None:
-        for worker in range(self.n):
-            self.start_jobs(worker)
-
-    def on_completion(self, comp: Completion) -> None:
-        assert comp.update is not None and self.manager is not None
-        alpha_t = self.discount(self.mixing, comp.delay, self.n)  # mixing · s(t − τ)
-        x_tau = self.manager.model_of(comp.job)
+    def on_completion(self, run: Run, comp: Completion) -> None:
+        alpha_t = self.discount(self.mixing, comp.delay, run.n)  # mixing · s(t − τ)
+        x_tau = run.model_of(comp.job)
         # x ← (1 − α_t) x + α_t y  ==  x − α_t · (x − x_τ + Δ), with Δ = x_τ − y the update
-        self.apply(comp.worker, (self.x - x_tau) + comp.update, alpha_t)
-        self.submit(comp.worker)
+        run.apply(comp.worker, (run.x - x_tau) + comp.update, alpha_t)
+        run.send_next(comp.worker)

@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from fl_rescaled.algorithm import Run
 from fl_rescaled.manager import Completion
 from fl_rescaled.stepsizes import polynomial
 
 from .base import AsyncStrategy
+
+
+@dataclass
+class FedBuffState:
+    """The buffer of (staleness-weighted) client updates and how many it holds."""
+
+    buffer: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    count: int = 0
 
 
 class FedBuff(AsyncStrategy):
@@ -38,6 +48,7 @@ class FedBuff(AsyncStrategy):
 
     name = "fedbuff"
     default_reply = "model"
+    State = FedBuffState
 
     def __init__(self, *, buffer_size: int = 10, server_lr: float = 1.0, staleness_exponent: float = 0.5,
                  **kwargs: Any) -> None:
@@ -49,28 +60,28 @@ class FedBuff(AsyncStrategy):
         self.K = int(buffer_size)
         self.server_lr, self.p = float(server_lr), float(staleness_exponent)
         self.discount = polynomial(self.p)  # w(δ) = 1 / (1 + δ)^p
-        self.count = 0
 
     def describe(self) -> dict:
         return {**super().describe(), "buffer_size": self.K, "server_lr": self.server_lr,
                 "staleness_exponent": self.p}
 
+    def init_state(self, run: Run) -> FedBuffState:
+        return FedBuffState(np.zeros_like(run.x))
+
+    def check_state(self, state: FedBuffState, n: int, x: np.ndarray) -> None:
+        if state.buffer.shape != x.shape or not 0 <= state.count < self.K:
+            raise ValueError("FedBuff's buffer does not fit this run")
+
     def stored_vectors(self) -> int:
-        return 1 if self.count else 0
+        return 1 if self.state.count else 0
 
-    def on_start(self) -> None:
-        self.buffer = np.zeros_like(self.x)
-        self.count = 0
-        for worker in range(self.n):
-            self.start_jobs(worker)
-
-    def on_completion(self, comp: Completion) -> None:
-        assert comp.update is not None
-        w = 1.0 if self.p == 0 else self.discount(1.0, comp.delay, self.n)
-        self.buffer += w * comp.update
-        self.count += 1
-        if self.count == self.K:
-            self.apply(comp.worker, self.buffer, self.server_lr / self.K)
-            self.buffer[:] = 0
-            self.count = 0
-        self.submit(comp.worker)
+    def on_completion(self, run: Run, comp: Completion) -> None:
+        st = self.state
+        w = 1.0 if self.p == 0 else self.discount(1.0, comp.delay, run.n)
+        st.buffer += w * comp.update
+        st.count += 1
+        if st.count == self.K:
+            run.apply(comp.worker, st.buffer, self.server_lr / self.K)
+            st.buffer[:] = 0
+            st.count = 0
+        run.send_next(comp.worker)

@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from fl_rescaled.algorithm import Run
 from fl_rescaled.manager import Completion
 
 from .aggregate import average_of_means
 from .base import AsyncStrategy
+
+
+@dataclass
+class MaleniaState:
+    """The round's per-worker gradient sums G_i and counts B_i, and the round's model version."""
+
+    G: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+    B: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    delivered: int = 0  # workers with B_i > 0 ...
+    inv_sum: float = 0.0  # ... and Σ 1/B_i over them (the stopping rule in O(1) per event)
+    round_version: int = 0
 
 
 class MaleniaSGD(AsyncStrategy):
@@ -37,81 +50,82 @@ class MaleniaSGD(AsyncStrategy):
 
     name = "malenia"
     restarts_at_once = False
+    State = MaleniaState
 
     def __init__(self, *, S: float | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if S is not None and not S > 0:
             raise ValueError(f"S must be positive, got {S!r}")
         self.S = S  # None: the "every worker delivered ≥ 1 gradient" rule
-        self.rounds = 0
 
     def describe(self) -> dict:
         return {**super().describe(), "S": self.S}
 
+    def init_state(self, run: Run) -> MaleniaState:
+        return MaleniaState(np.zeros((run.n, run.x.size), dtype=run.x.dtype), np.zeros(run.n, dtype=np.int64))
+
+    def check_state(self, state: MaleniaState, n: int, x: np.ndarray) -> None:
+        if state.G.shape != (n, x.size) or state.B.shape != (n,) or (state.B < 0).any():
+            raise ValueError("Malenia's gradient sums do not fit this run")
+
     def stored_vectors(self) -> int:
-        return self.n  # one gradient accumulator per worker
+        return len(self.state.B)  # one gradient accumulator per worker
 
-    def on_start(self) -> None:
-        self.G = np.zeros((self.n, self.x.size), dtype=self.x.dtype)
-        self.B = np.zeros(self.n, dtype=np.int64)
-        self.delivered, self.inv_sum = 0, 0.0  # workers with B_i > 0 and Σ 1/B_i over them (O(1) per event)
-        self.round_version = 0
-        for worker in range(self.n):
-            self.submit(worker)
+    def on_start(self, run: Run) -> None:
+        for worker in range(run.n):
+            run.send(worker)
 
-    def _round_done(self) -> bool:
+    def _round_done(self, run: Run) -> bool:
         """Every online worker has delivered (and, with S, the harmonic mean of their counts is
         above S/n). A worker whose node is gone (wall clock) is not waited for."""
-        assert self.manager is not None
-        if self.manager.clock.virtual:  # everyone is online: the running counts decide
-            if self.delivered < self.n:
+        st, n = self.state, run.n
+        if run.virtual:  # everyone is online: the running counts decide
+            if st.delivered < n:
                 return False
-            return self.S is None or self.n / self.inv_sum > self.S / self.n
-        waited = self.B[self.manager.online_workers()]
+            return self.S is None or n / st.inv_sum > self.S / n
+        waited = st.B[run.online_workers()]
         if waited.size == 0 or np.any(waited == 0):
             return False
         if self.S is None:
             return True
         harmonic = 1.0 / np.mean(1.0 / waited)
-        return harmonic > self.S / self.n
+        return harmonic > self.S / n
 
-    def on_completion(self, comp: Completion) -> None:
-        assert comp.update is not None and self.manager is not None
-        if comp.job.version < self.round_version:
+    def on_completion(self, run: Run, comp: Completion) -> None:
+        st = self.state
+        if comp.job.version < st.round_version:
             # A late job of an earlier round (on the wall clock a running job cannot be stopped,
             # only ignored); its worker already holds a job on the current model.
-            self.manager.discard(comp.job)
+            run.discard(comp.job)
             return
         i = comp.worker
-        self.G[i] += comp.update
-        self.B[i] += 1
-        if self.B[i] == 1:
-            self.delivered += 1
+        st.G[i] += comp.update
+        st.B[i] += 1
+        if st.B[i] == 1:
+            st.delivered += 1
         else:
-            self.inv_sum -= 1.0 / (self.B[i] - 1)
-        self.inv_sum += 1.0 / self.B[i]
-        if not self._round_done():
-            self.manager.resend(i)  # keep computing on the same x^k
+            st.inv_sum -= 1.0 / (st.B[i] - 1)
+        st.inv_sum += 1.0 / st.B[i]
+        if not self._round_done(run):
+            run.resend(comp.job)  # keep computing on the same x^k
             return
-        self._close_round(i)
+        self._close_round(run, i)
 
-    def on_rejected(self, comp: Completion) -> None:
-        super().on_rejected(comp)
+    def on_rejected(self, run: Run, comp: Completion) -> None:
+        super().on_rejected(run, comp)
         # A worker that left may have been the last one the round was waiting for.
-        if self._round_done():
-            self._close_round(comp.worker)
+        if self._round_done(run):
+            self._close_round(run, comp.worker)
 
-    def _close_round(self, trigger: int) -> None:
-        assert self.manager is not None
+    def _close_round(self, run: Run, trigger: int) -> None:
+        st = self.state
         # Equal weights over the workers that delivered: all n unless a node left this round.
-        g_hat = average_of_means(self.G, self.B, int(np.count_nonzero(self.B)))
-        self.apply(trigger, g_hat, self.lr)
-        self.rounds += 1
-        self.round_version = self.manager.version
-        self.G[:] = 0
-        self.B[:] = 0
-        self.delivered, self.inv_sum = 0, 0.0
-        for job in self.manager.pending_jobs():
-            self.manager.cancel(job)
-        for worker in self.manager.online_workers():
-            self.submit(worker)
+        g_hat = average_of_means(st.G, st.B, int(np.count_nonzero(st.B)))
+        run.apply(trigger, g_hat, self.lr)
+        st.round_version = run.version
+        st.G[:] = 0
+        st.B[:] = 0
+        st.delivered, st.inv_sum = 0, 0.0
+        run.cancel_all()
+        for worker in run.online_workers():
+            run.send(worker)

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from fl_rescaled.algorithm import Run
 from fl_rescaled.manager import Completion
 
 from .base import AsyncStrategy
+
+
+@dataclass
+class MinibatchState:
+    """The running sum of this round's gradients and the workers that delivered one."""
+
+    sum: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    arrived: set[int] = field(default_factory=set)
 
 
 class MinibatchSGD(AsyncStrategy):
@@ -29,51 +38,51 @@ class MinibatchSGD(AsyncStrategy):
 
     name = "minibatch"
     restarts_at_once = False
+    State = MinibatchState
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.rounds = 0
+    def init_state(self, run: Run) -> MinibatchState:
+        return MinibatchState(np.zeros_like(run.x))
+
+    def check_state(self, state: MinibatchState, n: int, x: np.ndarray) -> None:
+        if state.sum.shape != x.shape or not all(0 <= w < n for w in state.arrived):
+            raise ValueError("Minibatch's running sum does not fit this run")
 
     def stored_vectors(self) -> int:
         return 1
 
-    def on_start(self) -> None:
-        self.sum = np.zeros_like(self.x)
-        self.arrived: set[int] = set()
-        for worker in range(self.n):
-            self.submit(worker)
+    def on_start(self, run: Run) -> None:
+        for worker in range(run.n):
+            run.send(worker)
 
-    def _round_done(self) -> bool:
+    def _round_done(self, run: Run) -> bool:
         """Every online worker has delivered this round's gradient (wall clock: a worker whose
         node left is not waited for)."""
-        assert self.manager is not None
-        if self.manager.clock.virtual:  # everyone is online: O(1) per arrival
-            return len(self.arrived) == self.n
-        return bool(self.arrived) and all(w in self.arrived for w in self.manager.online_workers())
+        arrived = self.state.arrived
+        if run.virtual:  # everyone is online: O(1) per arrival
+            return len(arrived) == run.n
+        return bool(arrived) and all(w in arrived for w in run.online_workers())
 
-    def on_completion(self, comp: Completion) -> None:
-        assert comp.update is not None
-        self.sum += comp.update
-        self.arrived.add(comp.worker)
-        if self._round_done():
-            self._close_round(comp.worker)
+    def on_completion(self, run: Run, comp: Completion) -> None:
+        self.state.sum += comp.update
+        self.state.arrived.add(comp.worker)
+        if self._round_done(run):
+            self._close_round(run, comp.worker)
         # else: this worker idles until the round ends
 
-    def on_rejected(self, comp: Completion) -> None:
-        super().on_rejected(comp)
+    def on_rejected(self, run: Run, comp: Completion) -> None:
+        super().on_rejected(run, comp)
         # The others may all be idle, waiting for the worker that just left.
-        if self._round_done():
-            self._close_round(comp.worker)
+        if self._round_done(run):
+            self._close_round(run, comp.worker)
 
-    def on_worker_joined(self, worker: int) -> None:
-        if worker not in self.arrived:  # a worker that already delivered waits for the next round
-            self.submit(worker)
+    def on_joined(self, run: Run, worker: int) -> None:
+        if worker not in self.state.arrived:  # a worker that already delivered waits for the next round
+            run.send(worker)
 
-    def _close_round(self, trigger: int) -> None:
-        assert self.manager is not None
-        self.apply(trigger, self.sum / len(self.arrived), self.lr)
-        self.rounds += 1
-        self.sum[:] = 0
-        self.arrived = set()
-        for worker in self.manager.online_workers():
-            self.submit(worker)
+    def _close_round(self, run: Run, trigger: int) -> None:
+        st = self.state
+        run.apply(trigger, st.sum / len(st.arrived), self.lr)
+        st.sum[:] = 0
+        st.arrived = set()
+        for worker in run.online_workers():
+            run.send(worker)

@@ -2,14 +2,32 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from fl_rescaled.algorithm import Run
 from fl_rescaled.manager import Completion
 
 from .aggregate import average_of_means
 from .base import AsyncStrategy
+
+
+@dataclass
+class RingleaderState:
+    """The gradient table (G_i, b_i) and the next round's (G⁺_i, b⁺_i), the phase, the workers still
+    to serve this round (P), and who triggered each update of each round."""
+
+    G: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+    b: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    G_next: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+    b_next: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    filled: int = 0  # workers with b_i ≥ 1 in each table (O(1) per event)
+    filled_next: int = 0
+    phase: int = 1
+    P: set[int] = field(default_factory=set)
+    round_triggers: list[list[int]] = field(default_factory=list)
 
 
 class RingleaderASGD(AsyncStrategy):
@@ -42,107 +60,109 @@ class RingleaderASGD(AsyncStrategy):
 
     name = "ringleader"
     restarts_at_once = False
+    State = RingleaderState
 
     def __init__(self, *, restart_on_current: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.restart_on_current = bool(restart_on_current)
-        self.round_triggers: list[list[int]] = []  # who triggered each update, per round
 
     def describe(self) -> dict:
         return {**super().describe(), "restart_on_current": self.restart_on_current}
 
+    def init_state(self, run: Run) -> RingleaderState:
+        n, d, dtype = run.n, run.x.size, run.x.dtype
+        return RingleaderState(np.zeros((n, d), dtype), np.zeros(n, np.int64), np.zeros((n, d), dtype),
+                               np.zeros(n, np.int64))
+
+    def check_state(self, state: RingleaderState, n: int, x: np.ndarray) -> None:
+        shapes = (state.G.shape, state.G_next.shape, state.b.shape, state.b_next.shape)
+        if shapes != ((n, x.size), (n, x.size), (n,), (n,)) or state.phase not in (1, 2) \
+                or not all(0 <= w < n for w in state.P):
+            raise ValueError("Ringleader's gradient tables do not fit this run")
+
     def stored_vectors(self) -> int:
-        return int(np.count_nonzero(self.b) + np.count_nonzero(self.b_next))
+        return int(np.count_nonzero(self.state.b) + np.count_nonzero(self.state.b_next))
 
-    def on_start(self) -> None:
-        n, d = self.n, self.x.size
-        self.G = np.zeros((n, d), dtype=self.x.dtype)
-        self.b = np.zeros(n, dtype=np.int64)
-        self.G_next = np.zeros((n, d), dtype=self.x.dtype)
-        self.b_next = np.zeros(n, dtype=np.int64)
-        self.filled = self.filled_next = 0  # workers with b_i ≥ 1 in each table (O(1) per event)
-        self.phase = 1
-        self.P: set[int] = set()
-        self.max_stored = 0
-        for worker in range(n):
-            self.submit(worker)
+    def on_start(self, run: Run) -> None:
+        for worker in range(run.n):
+            run.send(worker)
 
-    def _step(self, worker: int) -> None:
+    def _step(self, run: Run, worker: int) -> None:
+        st = self.state
         # Equal weights over the table's filled rows: all n unless a node left before delivering.
-        est = average_of_means(self.G, self.b, int(np.count_nonzero(self.b)))
-        self.apply(worker, est, self.lr / self.n)
-        self.round_triggers[-1].append(worker)
-        self.submit(worker)
+        est = average_of_means(st.G, st.b, int(np.count_nonzero(st.b)))
+        run.apply(worker, est, self.lr / run.n)
+        st.round_triggers[-1].append(worker)
+        run.send(worker)
 
-    def _keep_working(self, worker: int) -> None:
-        assert self.manager is not None
+    def _keep_working(self, run: Run, comp: Completion) -> None:
         if self.restart_on_current:
-            self.submit(worker)
+            run.send(comp.worker)
         else:
-            self.manager.resend(worker)
+            run.resend(comp.job)
 
-    def on_completion(self, comp: Completion) -> None:
-        assert comp.update is not None
+    def on_completion(self, run: Run, comp: Completion) -> None:
+        st = self.state
         i = comp.worker
-        if self.phase == 1:
-            self.G[i] += comp.update
-            self.b[i] += 1
-            self.filled += int(self.b[i] == 1)
-            if self._gathered():
-                self._first_update(i)
+        if st.phase == 1:
+            st.G[i] += comp.update
+            st.b[i] += 1
+            st.filled += int(st.b[i] == 1)
+            if self._gathered(run):
+                self._first_update(run, i)
             else:
-                self._keep_working(i)
-        elif i in self.P:
-            self.G[i] += comp.update
-            self.b[i] += 1
-            self.filled += int(self.b[i] == 1)
-            self.P.discard(i)
-            self._step(i)
-            if not self.P:
+                self._keep_working(run, comp)
+        elif i in st.P:
+            st.G[i] += comp.update
+            st.b[i] += 1
+            st.filled += int(st.b[i] == 1)
+            st.P.discard(i)
+            self._step(run, i)
+            if not st.P:
                 self._new_round()
         else:
-            self.G_next[i] += comp.update
-            self.b_next[i] += 1
-            self.filled_next += int(self.b_next[i] == 1)
-            self._keep_working(i)
-        self.max_stored = max(self.max_stored, self.stored_vectors())
+            st.G_next[i] += comp.update
+            st.b_next[i] += 1
+            st.filled_next += int(st.b_next[i] == 1)
+            self._keep_working(run, comp)
 
-    def _gathered(self) -> bool:
+    def _gathered(self, run: Run) -> bool:
         """Phase 1 is over when every online worker has a gradient in the table (wall clock: a
         worker whose node left is not waited for)."""
-        assert self.manager is not None
-        if self.manager.clock.virtual:  # everyone is online: the running count decides (O(1))
-            return self.filled == self.n
-        online = self.manager.online_workers()
-        return bool(online) and bool(np.all(self.b[online] >= 1))
+        st = self.state
+        if run.virtual:  # everyone is online: the running count decides (O(1))
+            return st.filled == run.n
+        online = run.online_workers()
+        return bool(online) and bool(np.all(st.b[online] >= 1))
 
-    def _first_update(self, i: int) -> None:
-        assert self.manager is not None
-        self.round_triggers.append([])
-        self._step(i)
-        self.P = set(self.manager.online_workers()) - {i}
-        self.phase = 2
-        if not self.P:  # a single worker: every round is one update
+    def _first_update(self, run: Run, i: int) -> None:
+        st = self.state
+        st.round_triggers.append([])
+        self._step(run, i)
+        st.P = set(run.online_workers()) - {i}
+        st.phase = 2
+        if not st.P:  # a single worker: every round is one update
             self._new_round()
 
-    def on_rejected(self, comp: Completion) -> None:
-        super().on_rejected(comp)
-        assert self.manager is not None
-        if self.manager.books[comp.worker].online:
+    def on_rejected(self, run: Run, comp: Completion) -> None:
+        super().on_rejected(run, comp)
+        st = self.state
+        if run.is_online(comp.worker):
             return
         # Its node left: the round no longer waits for it.
-        if self.phase == 2 and comp.worker in self.P:
-            self.P.discard(comp.worker)
-            if not self.P:
+        if st.phase == 2 and comp.worker in st.P:
+            st.P.discard(comp.worker)
+            if not st.P:
                 self._new_round()
         # Phase 1 closes at the next arrival once every online worker is in the table.
 
     def _new_round(self) -> None:
-        self.G, self.G_next = self.G_next, self.G
-        self.b, self.b_next = self.b_next, self.b
-        self.filled, self.filled_next = self.filled_next, 0
-        self.G_next[:] = 0
-        self.b_next[:] = 0
-        self.phase = 1
+        st = self.state
+        st.G, st.G_next = st.G_next, st.G
+        st.b, st.b_next = st.b_next, st.b
+        st.filled, st.filled_next = st.filled_next, 0
+        st.G_next[:] = 0
+        st.b_next[:] = 0
+        st.phase = 1
         # Fast workers may already have b_i ≥ 1 for the new round; the round's first update
         # still waits for the next arrival (phase 1 is event-driven).

@@ -34,7 +34,10 @@ def test_malenia_discards_work_only_under_heterogeneous_tau():
     hom = quad(strategy="malenia", taus=[2, 2, 2], **kw)
     for out in (het, expo):
         assert sum(out["discarded_per_worker"]) > 0 and out["wasted_time"] > 0
-    assert sum(hom["discarded_per_worker"]) == 0 and hom["wasted_time"] == 0
+    # Equal τ = 2: at t = 2k all three deliver at once (ties in worker order); workers 0 and 1 have
+    # just been given another job on the same model when worker 2 closes the round, so those jobs
+    # are cancelled before doing any work: 200 rounds, 200 cancelled jobs each, nothing wasted.
+    assert hom["discarded_per_worker"] == [200, 200, 0] and hom["wasted_time"] == 0
     # Fixed τ: the slowest worker closes every round and never wastes; with τ = (2, 3, 5) each
     # round lasts 5 and the others lose the partial job they started at 4 (worker 0) and 3 (worker 1).
     assert het["discarded_per_worker"][2] == 0
@@ -80,11 +83,11 @@ def test_ringleader_rounds_have_n_updates_one_per_worker():
     s.start(InProcessGrid(app, n), ArrayRecord({"model": Array(np.zeros(1))}), time_budget=500,
             train_config={"task": task_spec(cfg)}, clock=VirtualClock(DelayModel([1, 2, 3, 5, 8])),
             partition_query=True)
-    complete = s.round_triggers[:-1]
+    complete = s.state.round_triggers[:-1]
     assert len(complete) > 10
     for rnd in complete:
         assert sorted(rnd) == list(range(n))
-    assert s.manager.version == sum(len(r) for r in s.round_triggers)
+    assert s.last_run.version == sum(len(r) for r in s.state.round_triggers)
 
 
 def test_fedbuff_q1_k1_matches_vanilla():

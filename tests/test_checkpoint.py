@@ -108,27 +108,136 @@ def test_a_corrupted_or_foreign_checkpoint_is_refused_with_one_line(tmp_path):
     assert cli(*args, "--resume", str(tmp_path)).returncode == 0  # the intact one still works
 
 
-def test_a_checkpoint_only_unpickles_what_a_run_state_contains(tmp_path):
-    import hashlib
+class Evil:
+    """Unpickling this would run a shell command that creates ``marker``."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def hostile_checkpoints(good: bytes, marker: Path) -> dict[str, bytes]:
+    """Files an attacker could put in place of a run's checkpoint, each trying to run a command."""
+    import io
     import pickle
+    import zipfile
 
-    from fl_rescaled.checkpoints import CheckpointError, read_state, write_state
+    evil = pickle.dumps(Evil(marker), protocol=4)
+    # Protocol 4 reaches os.system through a module attribute (the hole the old unpickler had).
+    def short(text: str) -> bytes:
+        return b"\x8c" + bytes([len(text)]) + text.encode() + b"\x94"
 
-    path = write_state(tmp_path / "x.ckpt", {"ok": np.arange(3)}, "fp")
-    assert read_state(path, "fp")["ok"].tolist() == [0, 1, 2]
-    with pytest.raises(CheckpointError, match="another run"):
-        read_state(path, "other")
+    dotted = b"\x80\x04" + short("fl_rescaled.checkpoints") + short("os.system") + b"\x93\x94" \
+        + short(f"touch {marker}") + b"\x85\x94R\x94."
+    header = {"format": 1, "fingerprint": "x", "bytes": len(evil), "sha256": "0" * 64}
+    out = {"a raw pickle": evil, "a dotted-name pickle": dotted,
+           "the old format (a pickle)": b"fl-rescaled run state\n" + json.dumps(header).encode() + b"\n" + evil}
+    obj = io.BytesIO()
+    np.save(obj, np.array([Evil(marker)], dtype=object), allow_pickle=True)
+    with zipfile.ZipFile(io.BytesIO(good)) as zf:
+        members = {i.filename: zf.read(i.filename) for i in zf.infolist()}
 
-    class Evil:
-        def __reduce__(self):
-            return (os.system, ("echo pwned",))
+    def rezip(**changes: bytes | None) -> bytes:
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf:
+            for name, data in {**members, **changes}.items():
+                if data is not None:
+                    zf.writestr(name, data)
+        return buf.getvalue()
 
-    payload = pickle.dumps(Evil())
-    header = {"format": 1, "fingerprint": "fp", "bytes": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
-    evil = tmp_path / "evil.ckpt"
-    evil.write_bytes(b"fl-rescaled run state\n" + json.dumps(header).encode() + b"\n" + payload)
-    with pytest.raises(CheckpointError, match="never contains"):
-        read_state(evil, "fp")  # a well-formed checkpoint that would run a command is still refused
+    out["an object array in place of the model"] = rezip(**{"arrays/0.npy": obj.getvalue()})
+    out["an extra member holding a pickle"] = rezip(**{"payload.pkl": evil})
+    out["a pickle in place of the state"] = rezip(**{"state.json": evil})
+    deflated = io.BytesIO()
+    with zipfile.ZipFile(deflated, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    out["compressed members"] = deflated.getvalue()
+    out["an npz of numpy's own (np.savez)"] = _savez(model=np.zeros(3), evil=np.array([Evil(marker)], dtype=object))
+    return out
+
+
+def _savez(**arrays) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def test_a_checkpoint_replaced_by_a_pickle_is_refused_with_exit_2_and_runs_nothing(tmp_path):
+    """State is data: a checkpoint is JSON and .npy arrays in a zip, read without unpickling or
+    importing anything. Every hostile file is refused with one line and exit status 2, and the
+    command it carries never runs."""
+    args = [*QUAD, "--strategy", "rescaled", "--budget", "600"]
+    first = cli(*args, "--out", str(tmp_path), "--checkpoint-every", "100")
+    assert first.returncode == 0, first.stderr
+    ckpt = tmp_path / "run.ckpt"
+    good = ckpt.read_bytes()
+    marker = tmp_path / "pwned"
+    for what, data in hostile_checkpoints(good, marker).items():
+        ckpt.write_bytes(data)
+        r = cli(*args, "--resume", str(tmp_path))
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert r.returncode == 2 and len(lines) == 1 and "run.ckpt" in lines[0], (what, r.stderr)
+        assert not marker.exists(), f"{what}: the command ran"
+    ckpt.write_bytes(good)
+    assert cli(*args, "--resume", str(tmp_path)).returncode == 0  # the genuine one still works
+
+
+def test_a_file_that_does_not_match_the_schema_is_refused_naming_the_field(tmp_path):
+    """Well-formed data of the wrong shape (a field missing, a count of the wrong type, arrays that do
+    not fit the run) is refused with one line naming what is wrong, never half-loaded."""
+    import io
+    import zipfile
+
+    args = [*QUAD, "--strategy", "malenia", "--budget", "600"]
+    assert cli(*args, "--out", str(tmp_path), "--checkpoint-every", "100").returncode == 0
+    ckpt = tmp_path / "run.ckpt"
+    good = ckpt.read_bytes()
+    with zipfile.ZipFile(io.BytesIO(good)) as zf:
+        members = {i.filename: zf.read(i.filename) for i in zf.infolist()}
+    state = json.loads(members["state.json"])
+
+    def refused_with(tree, why: str) -> None:
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w") as zf:
+            for name, data in {**members, "state.json": json.dumps(tree).encode()}.items():
+                zf.writestr(name, data)
+        ckpt.write_bytes(buf.getvalue())
+        r = cli(*args, "--resume", str(tmp_path))
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert r.returncode == 2 and len(lines) == 1 and why in lines[0], r.stderr
+
+    bad = json.loads(json.dumps(state))
+    del bad["run"]["consecutive"]
+    refused_with(bad, "missing field 'consecutive'")
+    bad = json.loads(json.dumps(state))
+    bad["run"]["manager"]["next_job_id"] = "7"
+    refused_with(bad, "next_job_id: expected an integer")
+    bad = json.loads(json.dumps(state))
+    bad["run"]["manager"]["books"]["n"] = 99
+    refused_with(bad, "books")
+    bad = json.loads(json.dumps(state))
+    bad["algorithm"]["B"] = bad["algorithm"]["G"]  # Malenia's counts replaced by its sums
+    refused_with(bad, "Malenia")
+    ckpt.write_bytes(good)
+    assert cli(*args, "--resume", str(tmp_path)).returncode == 0
+
+
+def test_a_run_killed_while_writing_leaves_no_temporary_file_behind(tmp_path):
+    from fl_rescaled.checkpoints import remove_stale_temporaries
+
+    stale = tmp_path / ".run.ckpt.abc123.tmp"  # what a kill -9 during a write leaves
+    stale.write_bytes(b"half a checkpoint")
+    args = [*QUAD, "--strategy", "rescaled", "--budget", "300"]
+    assert cli(*args, "--out", str(tmp_path), "--checkpoint-every", "100").returncode == 0
+    assert not stale.exists() and (tmp_path / "run.ckpt").exists()
+    stale.write_bytes(b"again")
+    remove_stale_temporaries(tmp_path / "run.ckpt")
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
 
 @pytest.mark.slow

@@ -55,14 +55,16 @@ def test_ties_processed_in_worker_order():
     from flwr.app import Array, ArrayRecord
 
     from fl_rescaled import InProcessGrid, VanillaASGD, VirtualClock
+    from fl_rescaled.manager import OnEvent
     from fl_rescaled.tasks import task_spec
 
     order = []
     s = VanillaASGD(lr=0.01)
-    s.on_event = lambda comp, x: order.append((comp.time, comp.worker))
+
     cfg = {"task": "quadratic", "num-partitions": 3, "quad-a": [1.0] * 3, "quad-b": [0.0, 1.0, 2.0]}
     s.start(InProcessGrid(app, 3), ArrayRecord({"model": Array(np.zeros(1))}), time_budget=8,
-            train_config={"task": task_spec(cfg)}, clock=VirtualClock(DelayModel([2, 1, 2])), partition_query=True)
+            train_config={"task": task_spec(cfg)}, clock=VirtualClock(DelayModel([2, 1, 2])), partition_query=True,
+            observers=[OnEvent(lambda comp, x: order.append((comp.time, comp.worker)))])
     assert order == sorted(order)
     assert order[:3] == [(1.0, 1), (2.0, 0), (2.0, 1)]
     assert (2.0, 2) in order and order.index((2.0, 2)) == 3

@@ -12,6 +12,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from fl_rescaled.manager import OnEvent
 from fl_rescaled import (
     FedAsync,
     FedBuff,
@@ -124,10 +125,11 @@ def test_without_partition_query_workers_follow_node_ids_with_one_warning(caplog
     assert result.books["rejected"] == 0 and result.books["updates"] > 0
     warnings = [r.getMessage() for r in caplog.records if "numbered by node id" in r.getMessage()]
     assert len(warnings) == 1 and "add_partition_query" in warnings[0]
-    books = s.manager.books
-    assert [b.node_id for b in books] == sorted(grid.node_ids)
+    manager = s.last_run.manager
+    nodes = manager.membership.roster.node_ids
+    assert nodes == sorted(grid.node_ids)
     # Each worker runs at its own node's τ (from its node config): 20 / τ updates each.
-    assert [b.updates for b in books] == [round(20 / grid.node_config(b.node_id)["tau"]) for b in books]
+    assert manager.books.updates.tolist() == [round(20 / grid.node_config(n)["tau"]) for n in nodes]
 
 
 def test_per_partition_weights_without_the_partition_query_refuse_to_start():
@@ -151,7 +153,8 @@ def test_a_clientapp_that_raises_stops_the_run_with_its_own_exception_text():
     msg = str(info.value)
     assert "KeyError" in msg and "learning-rate" in msg and "error-code-2" in msg
     books = info.value.books
-    assert books["updates"] == 0 and books["rejected.error-code-2"] == books["rejected"] >= 2
+    # An error reply is a lost job, counted once (not also as a rejection).
+    assert books["updates"] == 0 and books["lost.error-code-2"] == books["lost"] >= 2 and books["rejected"] == 0
 
 
 def test_replies_in_another_layout_stop_the_run_naming_the_expected_arrays():
@@ -244,20 +247,21 @@ def test_default_clock_virtual_in_process_wall_on_a_threaded_grid_budget_from_fi
     s = RescaledASGD(reply="model")
     s.start(grid=grid_of(fedavg_client(), taus=(1.0, 4.0)), initial_arrays=initial(),
             train_config={"lr": 0.05}, time_budget=40)
-    assert s.manager.clock.virtual
-    assert [b.updates for b in s.manager.books] == [40, 10]  # τ = 1 and 4 from the node configs
+    assert s.last_run.virtual
+    assert s.last_run.manager.books.updates.tolist() == [40, 10]  # τ = 1 and 4 from the node configs
 
     clock = WallClock()
     time.sleep(0.3)  # start-up before the first job (Ray, a SuperLink) does not eat the budget
     first = []
     s = RescaledASGD(reply="model")
-    s.on_event = lambda comp, x: first.append(comp.job.dispatch_time) if not first else None
+    hook = OnEvent(lambda comp, x: first.append(comp.job.dispatch_time) if not first else None)
     grid = grid_of(fedavg_client(), threaded=True)
     try:
-        s.start(grid=grid, initial_arrays=initial(), train_config={"lr": 0.05}, time_budget=0.3, clock=clock)
+        s.start(grid=grid, initial_arrays=initial(), train_config={"lr": 0.05}, time_budget=0.3, clock=clock,
+                observers=[hook])
     finally:
         grid.close()
-    assert not s.manager.clock.virtual
+    assert not s.last_run.virtual
     assert first and first[0] < 0.1
     s = RescaledASGD(reply="model")
     grid = grid_of(fedavg_client(), threaded=True)
@@ -265,7 +269,7 @@ def test_default_clock_virtual_in_process_wall_on_a_threaded_grid_budget_from_fi
         s.start(grid=grid, initial_arrays=initial(), train_config={"lr": 0.05}, num_updates=5)
     finally:
         grid.close()
-    assert isinstance(s.manager.clock, WallClock)  # a Grid without virtual time runs on the wall clock
+    assert isinstance(s.last_run.manager.clock, WallClock)  # a Grid without virtual time runs on the wall clock
 
 
 # ---------------------------------------------------------------------------------------------- reply="model" fixed points

@@ -179,7 +179,7 @@ def test_a_user_app_on_flowers_engine_gets_its_context_and_run_config():
         strategy = FedBuff(buffer_size=2, fraction_evaluate=0.0)
         result = strategy.start(grid=grid, initial_arrays=ArrayRecord({"w": Array(np.zeros(2))}),
                                 train_config={"lr": 0.25}, num_updates=int(context.run_config["updates"]))
-        seen["result"], seen["clock"] = result, strategy.manager.clock
+        seen["result"], seen["clock"] = result, strategy.last_run.manager.clock
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("flwr.supercore.telemetry.FLWR_TELEMETRY_ENABLED", "0")

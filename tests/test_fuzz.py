@@ -36,6 +36,7 @@ from flwr.clientapp import ClientApp
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from fl_rescaled.manager import OnEvent
 from fl_rescaled import DelayModel, FedBuff, InProcessGrid, MaleniaSGD, RescaledASGD, RunFailed, VirtualClock
 from fl_rescaled import cli
 from fl_rescaled.layout import encode_array
@@ -241,10 +242,10 @@ def fuzz_run(setup: str, plan, extras) -> list[str]:
         events.append((comp.job.job_id, comp.rejected, prev["x"], x.copy()))
         prev["x"] = x.copy()
 
-    s.on_event = on_event
     initial = ArrayRecord({k: Array(v) for k, v in template.items()})
     try:
-        s.start(grid, initial, time_budget=10, clock=VirtualClock(DelayModel([1.0, 2.0, 3.0])))
+        s.start(grid, initial, time_budget=10, clock=VirtualClock(DelayModel([1.0, 2.0, 3.0])),
+                observers=[OnEvent(on_event)])
     except RunFailed as exc:
         assert "cannot make progress" in str(exc)
     seen = []
@@ -252,15 +253,15 @@ def fuzz_run(setup: str, plan, extras) -> list[str]:
         kind = plan.get(job, ("valid", 0))[0]
         seen.append(f"{kind} -> {'error-code-N' if (rejected or '').startswith('error-code') else rejected or 'applied'}")
         if kind in VALID:
-            assert rejected is None, (setup, job, kind, rejected, s.manager.first_rejection)
+            assert rejected is None, (setup, job, kind, rejected, s.last_run.manager.books.first_failure)
         else:
             assert rejected in REASONS[kind], (setup, job, kind, rejected)
             if before is not None:
                 assert before.tobytes() == after.tobytes(), (setup, job, kind)
-    rej = s.manager.rejections
-    assert rej.get("duplicate", 0) == grid.injected["duplicate"]
-    assert rej.get("unknown-job", 0) == grid.injected["unknown-job"]
-    assert all(r["balanced"] for r in s.manager.ledger.balance())
+    books = s.last_run.manager.books
+    assert books.stray.get("duplicate", 0) == grid.injected["duplicate"]
+    assert books.stray.get("unknown-job", 0) == grid.injected["unknown-job"]
+    assert all(r["balanced"] for r in books.balance())
     return seen
 
 

@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCES = {"fl_rescaled": ROOT / "fl_rescaled", "fl_rescaled.strategies": ROOT / "strategies",
            "fl_rescaled.clients": ROOT / "clients"}
 
-CORE = {"clock", "errors", "layout", "messages", "stepsizes", "manager", "grid", "inprocess", "tasks", "data",
+CORE = {"clock", "errors", "layout", "messages", "stepsizes", "manager", "grid", "grid_api", "inprocess", "tasks", "data",
+        "codec", "reporting", "runstate", "driver", "algorithm",
         "metrics", "checkpoints"}
 APPLICATION = {"runspec", "experiment", "flower_sim", "server_app", "paper"}
 RANK = {"core": 0, "strategies": 1, "clients": 1, "application": 2, "cli": 3}

@@ -53,6 +53,7 @@ import pytest
 from flwr.app import Array, ArrayRecord
 
 from conftest import quad
+from fl_rescaled.manager import OnEvent
 from fl_rescaled import InProcessGrid, RescaledASGD, WallClock
 from fl_rescaled.clients.client_app import app
 from fl_rescaled.tasks import task_spec
@@ -139,7 +140,7 @@ def run_fifty():
     grid = InProcessGrid(app, N_WALL, threaded=True)
     s = RescaledASGD(lr=1.0, fraction_evaluate=0.0)
     s.path = [(0.0, 0.0)]  # (time, x) after every event
-    s.on_event = lambda comp, x: s.path.append((comp.time, float(x[0])))
+    hook = OnEvent(lambda comp, x: s.path.append((comp.time, float(x[0]))))
     cfg = {"task": "quadratic", "num-partitions": N_WALL, "quad-a": [1.0] * N_WALL, "quad-b": WB}
     log = logging.getLogger("flwr.fl_rescaled")
     level = log.level
@@ -147,8 +148,8 @@ def run_fifty():
     try:
         res = s.start(grid, ArrayRecord({"model": Array(np.zeros(1))}), time_budget=400,
                       train_config={"task": task_spec(cfg), "emulate": "fixed", "time-unit": UNIT},
-                      clock=WallClock(UNIT), partition_query=True,
-                      manager_options={"worker_config": [{"tau": t} for t in WTAUS]})
+                      clock=WallClock(UNIT), partition_query=True, observers=[hook],
+                      settings={"worker_config": [{"tau": t} for t in WTAUS]})
     finally:
         log.setLevel(level)
         grid.close()
@@ -167,15 +168,15 @@ def test_fifty_threaded_nodes_books_balance_and_the_slowest_delivers(fifty):
     assert books["discarded"] == 0 and books["in-flight"] <= N_WALL
     applied = books["applied-per-worker"]
     assert applied[-1] >= 1  # the node 100× slower than the fastest still delivered
-    assert sum(applied) == books["updates"] == s.manager.version
+    assert sum(applied) == books["updates"] == s.last_run.version
     # The heterogeneity reached the server: the fastest node delivered far more often than the slowest.
     assert applied[0] >= 5 * applied[-1]
-    assert all(row["balanced"] for row in s.manager.ledger.balance())
+    assert all(row["balanced"] for row in s.last_run.manager.books.balance())
 
 
 def test_fifty_threaded_nodes_online_tau_estimates_order_the_nodes(fifty):
     s, _ = fifty
-    est = np.asarray(s.manager.tau_estimates())
+    est = np.asarray(s.last_run.taus.taus)
     true = np.asarray(WTAUS)
     # An interval between deliveries includes the node's compute: never below τ_i (float slack).
     assert np.all(est >= 0.95 * true), est / true
@@ -208,4 +209,4 @@ def test_fifty_threaded_nodes_rescaled_lands_on_the_equal_weight_minimiser(fifty
     assert np.isfinite(x).all()
     assert abs(settled - W_EQUAL) < 0.35, (settled, freq_point)
     assert abs(settled - W_EQUAL) < 0.5 * abs(freq_point - W_EQUAL), (settled, freq_point)
-    assert abs(float(s.x[0]) - W_EQUAL) < 1.0, (float(s.x[0]), freq_point)
+    assert abs(float(s.last_run.x[0]) - W_EQUAL) < 1.0, (float(s.last_run.x[0]), freq_point)

@@ -11,6 +11,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRec
 from fl_rescaled import DelayModel, InProcessGrid, RescaledASGD, VirtualClock
 from fl_rescaled.clients.client_app import app
 from fl_rescaled.layout import encode_array
+from fl_rescaled.manager import OnEvent
 from fl_rescaled.tasks import task_spec
 
 CFG = {"task": "quadratic", "num-partitions": 3, "quad-a": [1.0, 2.0, 1.0], "quad-b": [1.0, -2.0, 3.0],
@@ -102,11 +103,11 @@ def run_with(fault):
         prev["x"] = x.copy()
 
     s = RescaledASGD(lr=0.05)
-    s.on_event = on_event
     x0 = np.full(4, 0.5)
     prev["x"] = x0.copy()
     s.start(FaultyGrid(fault), ArrayRecord({"model": Array(x0)}), time_budget=12,
-            train_config={"task": task_spec(CFG)}, clock=VirtualClock(DelayModel([1, 2, 3])), partition_query=True)
+            train_config={"task": task_spec(CFG)}, clock=VirtualClock(DelayModel([1, 2, 3])), partition_query=True,
+            observers=[OnEvent(on_event)])
     return s, events
 
 
@@ -122,11 +123,13 @@ def test_bad_reply_leaves_model_bit_identical(fault, caplog):
     _, reason, before, after, worker, t_bad = bad[0]
     assert reason is not None
     assert before.tobytes() == after.tobytes()
-    assert sum(s.manager.rejections.values()) == 1
-    assert sum(b.rejected for b in s.manager.books) == 1
-    rows = s.manager.ledger.balance()  # the rejected job is accounted for, as rejected or lost
+    books = s.last_run.manager.books
+    assert sum(books.failures().values()) == 1
+    rows = books.balance()  # the rejected job is accounted for, once: as rejected, or as lost (an error reply)
     assert all(r["balanced"] for r in rows) and sum(r["rejected"] + r["lost"] for r in rows) == 1
-    assert any("rejected" in r.message and reason in r.message for r in caplog.records)
+    assert sum(r["lost"] for r in rows) == (fault == "error")
+    said = "lost" if fault == "error" else "rejected"
+    assert any(said in r.message and reason in r.message for r in caplog.records)
     # Every other event was applied (the model moved), and the bad job's worker kept working.
     others = [e for e in events if e[0] != BAD_JOB]
     assert all(e[1] is None and e[2].tobytes() != e[3].tobytes() for e in others)
@@ -138,9 +141,10 @@ def test_duplicate_and_stray_replies_change_nothing(fault):
     clean, clean_events = run_with(None)
     s, events = run_with(fault)
     reason = "duplicate" if fault == "duplicate" else "unknown-job"
-    assert s.manager.rejections == {reason: 1}
+    books = s.last_run.manager.books
+    assert books.stray == {reason: 1} and books.failures() == {}  # a stray is no job's outcome
     assert len(events) == len(clean_events)
-    assert s.x.tobytes() == clean.x.tobytes()
+    assert s.last_run.x.tobytes() == clean.last_run.x.tobytes()
 
 
 def test_reasons_are_specific_and_name_what_was_expected():
@@ -156,17 +160,18 @@ def test_reasons_are_specific_and_name_what_was_expected():
     }
     for fault, (reason, detail) in expected.items():
         s, events = run_with(fault)
-        assert dict(s.manager.rejections) == {reason: 1}, fault
-        assert s.manager.first_rejection[0] == reason
-        assert detail in s.manager.first_rejection[1], (fault, s.manager.first_rejection)
+        books = s.last_run.manager.books
+        assert books.failures() == {reason: 1}, fault
+        assert books.first_failure[0] == reason
+        assert detail in books.first_failure[1], (fault, books.first_failure)
 
 
 def test_an_expired_job_is_lost_not_a_wrong_type():
     """Flower answers a job past its TTL with an error of type "system": it is booked as lost
     (error-code-3), not rejected as a reply of the wrong type (a deployment test caught that)."""
     s, events = run_with("expired")
-    assert dict(s.manager.rejections) == {"error-code-3": 1}
-    assert sum(b.lost for b in s.manager.books) == 1
+    books = s.last_run.manager.books
+    assert books.by_reason("lost") == {"error-code-3": 1} and books.by_reason("rejected") == {}
 
 
 def test_a_job_of_a_restarted_workers_old_node_is_not_replaced():
@@ -174,11 +179,11 @@ def test_a_job_of_a_restarted_workers_old_node_is_not_replaced():
     must not add one more (it ended with two jobs in flight for jobs_per_node=1)."""
     from types import SimpleNamespace
 
+    from scripted import ScriptedRun
+
     s = RescaledASGD()
-    sent = []
-    s.submit = sent.append
-    s.manager = SimpleNamespace(books=[SimpleNamespace(online=True, node_id=22)])
-    s.on_rejected(SimpleNamespace(worker=0, job=SimpleNamespace(node_id=11)))  # the old node's job
-    assert sent == []
-    s.on_rejected(SimpleNamespace(worker=0, job=SimpleNamespace(node_id=22)))  # the current node's
-    assert sent == [0]
+    run = ScriptedRun(n=1, x=np.zeros(2), nodes=[22])
+    s.on_rejected(run, SimpleNamespace(worker=0, job=SimpleNamespace(node_id=11)))  # the old node's job
+    assert run.sent == []
+    s.on_rejected(run, SimpleNamespace(worker=0, job=SimpleNamespace(node_id=22)))  # the current node's
+    assert run.sent == [0]

@@ -14,6 +14,7 @@ from flwr.app import Array, ArrayRecord
 from fl_rescaled.clients.client_app import app
 from fl_rescaled import InProcessGrid, MaleniaSGD, MinibatchSGD, RescaledASGD, RingleaderASGD, WallClock
 from fl_rescaled.experiment import RunSpec, run
+from fl_rescaled.manager import OnEvent
 from fl_rescaled.tasks import task_spec
 
 B = [0.0, 3.0, 6.0]
@@ -48,8 +49,8 @@ def run_with_outage(strategy, down_for: float):
     is the monotonic time the node came back."""
     grid = InProcessGrid(app, 3, threaded=True)
     events = []
-    strategy.on_event = lambda comp, x: events.append(
-        (time.monotonic(), comp.worker, comp.rejected, strategy.manager.version))
+    on_event = OnEvent(lambda comp, x: events.append(
+        (time.monotonic(), comp.worker, comp.rejected, strategy.last_run.version)))
     gone = grid.node_ids[2]
     window = {}
 
@@ -67,7 +68,7 @@ def run_with_outage(strategy, down_for: float):
         res = strategy.start(grid, ArrayRecord({"model": Array(np.zeros(1))}), time_budget=200,
                              train_config={"task": task_spec(cfg), "emulate": "fixed", "time-unit": 0.02},
                              clock=WallClock(0.02), timeout=5.0,
-                             manager_options={"worker_config": [{"tau": 1.0}, {"tau": 2.0}, {"tau": 4.0}],
+                             observers=[on_event], settings={"worker_config": [{"tau": 1.0}, {"tau": 2.0}, {"tau": 4.0}],
                                               "node_refresh": 0.2})
     finally:
         t.join()
@@ -78,16 +79,17 @@ def run_with_outage(strategy, down_for: float):
 def test_node_that_leaves_and_returns():
     s = RescaledASGD(lr=0.05)
     res, applied, _ = run_with_outage(s, down_for=1.0)
-    book = s.manager.books[2]
-    assert book.lost >= 1 and s.manager.rejections.get("error-code-5", 0) >= 1
+    books = s.last_run.manager.books
+    lost = books.count("lost")
+    assert lost[2] >= 1 and books.by_reason("lost").get("error-code-5", 0) >= 1
     down = [e for e in applied if e[1] == 2 and e[2] is not None]
     back = [e for e in applied if e[1] == 2 and e[2] is None and e[0] > down[-1][0]]
     assert back, "worker 2 got work again after its node came back"
     assert np.isfinite(res.arrays["model"].numpy()).all()
     # The node's error reply marked the job lost at once: nothing waited for the 5 s TTL.
-    assert s.manager.rejections.get("ttl-expired", 0) == 0
-    rows = s.manager.ledger.balance()  # every job sent is accounted for, the lost ones included
-    assert all(r["balanced"] for r in rows) and rows[2]["lost"] == book.lost and res.books["balanced"] == 1
+    assert books.by_reason("lost").get("ttl-expired", 0) == 0
+    rows = books.balance()  # every job sent is accounted for, the lost ones included
+    assert all(r["balanced"] for r in rows) and rows[2]["lost"] == lost[2] and res.books["balanced"] == 1
 
 
 @pytest.mark.parametrize("strategy_cls", [MaleniaSGD, RingleaderASGD, MinibatchSGD])
@@ -113,18 +115,19 @@ def test_cancelling_a_job_whose_reply_is_already_buffered():
     buffered (a round closing on another worker's reply). It must be dropped as wasted work, not
     handed to the strategy, and the next completion must be the other job."""
     from fl_rescaled import AsyncClientManager, ModelLayout
+    from fl_rescaled.grid_api import as_async_grid
 
     grid = InProcessGrid(app, 3, threaded=True)
     cfg = {"task": "quadratic", "num-partitions": 3, "quad-a": [1.0] * 3, "quad-b": B}
     layout = ModelLayout.of(ArrayRecord({"model": Array(np.zeros(1))}))[0]
-    m = AsyncClientManager(grid, WallClock(0.01), layout=layout, train_config={"task": task_spec(cfg)})
+    m = AsyncClientManager(as_async_grid(grid), WallClock(0.01), layout=layout, train_config={"task": task_spec(cfg)})
     try:
         m.connect(3, partition_query=True)
         x = np.zeros(1)
-        jobs = [m.submit(w, x, 0) for w in range(3)]
+        jobs = [m.send(w, x, 0) for w in range(3)]
         deadline = time.monotonic() + 10
         while len(m.transport.arrived) < 3 and time.monotonic() < deadline:  # all three replies buffered
-            m.transport.accept(list(grid.pull_messages(list(m.inflight))))
+            m.transport.accept(list(grid.pull_messages(list(m.transport.inflight))))
             time.sleep(0.01)
         assert len(m.transport.arrived) == 3
         first = m.next_completion()
@@ -134,8 +137,10 @@ def test_cancelling_a_job_whose_reply_is_already_buffered():
         second = m.next_completion()
         assert second is not None and second.ok
         assert {first.job.job_id, second.job.job_id, cancelled.job_id} == {j.job_id for j in jobs}
-        assert m.books[cancelled.worker].discarded == 1 and m.books[cancelled.worker].jobs_done == 0
-        assert not m.inflight and not m.transport.arrived
+        row = m.books.balance()[cancelled.worker]
+        assert row["discarded"] == 1 and row["applied"] == 0 and row["balanced"]
+        assert m.books.wasted[cancelled.worker] > 0  # its reply had come: its compute time is wasted work
+        assert not m.transport.inflight and not m.transport.arrived
     finally:
         grid.close()
 
@@ -168,14 +173,14 @@ def test_a_client_that_lies_about_its_compute_time_gains_nothing():
         try:
             s.start(grid, ArrayRecord({"model": Array(np.zeros(1))}), time_budget=200,
                     train_config={"task": task_spec(cfg), "emulate": "fixed", "time-unit": 0.02},
-                    clock=WallClock(0.02), manager_options={"tau_estimator": "compute",
-                                                            "worker_config": [{"tau": t} for t in (1.0, 2.0, 4.0)]})
+                    clock=WallClock(0.02), settings={"tau_estimator": "compute",
+                                                     "worker_config": [{"tau": t} for t in (1.0, 2.0, 4.0)]})
         finally:
             grid.close()
         return s
 
     honest, lied = once(app), once(LiarApp())
-    taus = lied.manager.tau_estimates()
+    taus = list(lied.last_run.taus.taus)
     assert taus[0] < 2.0, taus  # the liar's τ is what it really took (≈ 1), not the 1000 s it claimed
-    assert abs(lied.x[0] - 3.0) < 0.2 and abs(lied.x[0] - honest.x[0]) < 0.3
-    assert lied.manager.ledger.balance()[0]["balanced"]
+    assert abs(lied.last_run.x[0] - 3.0) < 0.2 and abs(lied.last_run.x[0] - honest.last_run.x[0]) < 0.3
+    assert lied.last_run.manager.books.balance()[0]["balanced"]

@@ -1,13 +1,14 @@
 """The asynchronous client manager (``AsyncClientManager``) and its parts; see ``manager.py``."""
 
-from .books import Books, WorkerBook
+from .books import Books, is_lost, outcome_of
 from .jobs import NODE_GONE, Completion, Job, zero_nonfinite_replicas
-from .manager import AsyncClientManager
-from .membership import Membership
-from .observers import ManagerObserver
-from .restore import attach, lose_inflight, resend_inflight
-from .scheduler import VirtualScheduler
+from .manager import AsyncClientManager, ManagerState
+from .membership import Membership, Roster
+from .observers import ManagerObserver, OnEvent
+from .selection import SameWorker, Selector
 from .transport import Transport
+from .virtual import VirtualSource
+from .wall import WallSource, reported_compute_time
 
 __all__ = [
     "NODE_GONE",
@@ -16,12 +17,17 @@ __all__ = [
     "Completion",
     "Job",
     "ManagerObserver",
+    "ManagerState",
+    "OnEvent",
     "Membership",
+    "Roster",
+    "SameWorker",
+    "Selector",
     "Transport",
-    "VirtualScheduler",
-    "WorkerBook",
-    "attach",
-    "lose_inflight",
-    "resend_inflight",
+    "VirtualSource",
+    "WallSource",
+    "is_lost",
+    "outcome_of",
+    "reported_compute_time",
     "zero_nonfinite_replicas",
 ]

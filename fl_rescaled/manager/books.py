@@ -1,153 +1,210 @@
-"""The run's books: per-worker counters and times, rejections by reason, and their summaries."""
+"""The run's books: what happened to every job, per worker, written in one place.
+
+Every job sent ends in exactly one outcome, and ``Books.ended`` is the only place that writes it:
+
+- ``applied``: its reply passed validation and reached the strategy;
+- ``unused``: its reply passed validation, then the strategy did not use it (a late job of an
+  earlier round; ``Books.unused`` moves it from ``applied``);
+- ``cancelled``: the strategy stopped it (a Malenia round closed);
+- ``rejected.<reason>``: its reply must not touch the model (``malformed``, ``non-finite``, ...);
+- ``lost.<reason>``: no usable reply came (the node left, the TTL expired, the ClientApp raised or
+  crashed: Flower's error replies, ``error-code-N``; a restarted server, ``resumed``).
+
+Every total is derived from those per-worker counts, so the run's totals always equal the sums
+of the per-worker rows, and ``check_balance`` asserts, per worker, that jobs sent = applied +
+rejected + lost + discarded (cancelled + unused) + in flight. Replies that answer no job in flight
+(a second reply to the same job, a reply to a job never sent) are not job outcomes: they are
+counted as ``stray.<reason>``.
+
+The per-worker numbers are numpy arrays (a population of 100,000 clients costs a few MB).
+"""
 
 from __future__ import annotations
 
-import math
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from flwr.app import ArrayRecord
+import numpy as np
 
-from .jobs import Job
+#: Reasons for which a job counts as lost (no usable reply came) rather than rejected: our own
+#: TTL expiry, a restarted server, and every Flower error reply (``error-code-N``: the ClientApp
+#: raised (2) or crashed (8), the message (3) or the node (5) became unavailable).
+LOST_REASONS = ("lost", "ttl-expired", "resumed")
+
+#: What ``Books.balance`` reports per worker, in order.
+COLUMNS = ("sent", "applied", "rejected", "lost", "discarded", "in-flight")
+
+
+def is_lost(reason: str) -> bool:
+    return reason in LOST_REASONS or reason.startswith("error-code")
+
+
+def outcome_of(reason: str) -> str:
+    """The outcome key of a job that failed for ``reason``: ``lost.<reason>`` or ``rejected.<reason>``."""
+    return f"{'lost' if is_lost(reason) else 'rejected'}.{reason}"
+
+
+def _zeros(dtype: type) -> Any:
+    return field(default_factory=lambda: np.zeros(0, dtype))
 
 
 @dataclass
-class WorkerBook:
-    node_id: int
-    updates: int = 0
-    stepsize_sum: float = 0.0
-    jobs_sent: int = 0
-    jobs_done: int = 0
-    rejected: int = 0
-    lost: int = 0
-    discarded: int = 0  # jobs whose (partial) work was thrown away
-    wasted: float = 0.0  # compute time of those jobs
-    busy_done: float = 0.0  # compute time of finished or cancelled jobs
-    free_at: float = 0.0  # virtual time at which the worker's queue empties
-    online: bool = True  # wall clock: False after its node was reported gone, until it reappears
-    last_delivery: float = math.nan  # wall clock: time.monotonic() of the last accepted reply
-    last_version: int = -1  # the model version this worker was last sent ...
-    last_model: ArrayRecord | None = None  # ... and that model, encoded
-    pending: dict[str, Job] = field(default_factory=dict)  # its jobs in flight, by message id
-    #: How each finished job ended: "applied", "unused" (accepted, then not used by the strategy),
-    #: "cancelled", "rejected.<reason>" (a reply that must not touch the model) or "lost.<reason>"
-    #: (no reply: the node is gone, the TTL expired, the ClientApp process crashed).
-    outcomes: Counter[str] = field(default_factory=Counter)
-
-
-#: Reasons for which a job counts as lost rather than rejected: no reply came (the job, not its
-#: reply, went wrong). Flower's codes: 3 message unavailable, 5 node unavailable, 8 ClientApp crashed.
-LOST = ("lost", "ttl-expired", "error-code-3", "error-code-5", "error-code-8")
-
-
 class Books:
-    """Everything the manager counts: per worker (``workers``) and for the run."""
+    """Per-worker counts and times, and the run's update counter; see the module docstring.
 
-    def __init__(self, node_ids: list[int]) -> None:
-        self.workers = [WorkerBook(node_id=n) for n in node_ids]
-        self.version = 0  # k: server updates applied so far
-        self.stepsize_sum = 0.0
-        self.rejections: Counter[str] = Counter()
-        self.first_rejection: tuple[str, str] | None = None  # (reason, detail) of the first one
-        self.accepted = 0  # replies that passed validation
+    A dataclass of arrays and numbers: it is part of the run's state as it is (checkpoints).
+    """
+
+    n: int = 0
+    jobs_sent: np.ndarray = _zeros(np.int64)
+    in_flight: np.ndarray = _zeros(np.int64)
+    updates: np.ndarray = _zeros(np.int64)
+    stepsize_per_worker: np.ndarray = _zeros(np.float64)
+    busy_done: np.ndarray = _zeros(np.float64)  # compute time of the jobs that ended
+    wasted: np.ndarray = _zeros(np.float64)  # compute time of the discarded ones
+    outcomes: dict[str, np.ndarray] = field(default_factory=dict)
+    version: int = 0  # k: server updates applied so far
+    stepsize_sum: float = 0.0
+    stray: dict[str, int] = field(default_factory=dict)
+    first_failure: tuple[str, str] | None = None  # (reason, detail) of the first failed job
+
+    @classmethod
+    def sized(cls, num_workers: int) -> Books:
+        n = int(num_workers)
+        return cls(n, *(np.zeros(n, np.int64) for _ in range(3)), *(np.zeros(n, np.float64) for _ in range(3)))
+
+    def check(self) -> None:
+        """Shapes, dtypes and signs of a books record read from a file."""
+        named = {"jobs_sent": self.jobs_sent, "in_flight": self.in_flight, "updates": self.updates,
+                 **{f"outcomes[{k!r}]": v for k, v in self.outcomes.items()}}
+        for name, a in named.items():
+            if a.dtype != np.int64 or a.shape != (self.n,):
+                raise ValueError(f"books: {name} must be {self.n} int64 counts")
+        for name in ("stepsize_per_worker", "busy_done", "wasted"):
+            a = getattr(self, name)
+            if a.dtype != np.float64 or a.shape != (self.n,) or not np.isfinite(a).all():
+                raise ValueError(f"books: {name} must be {self.n} finite float64 values")
+        for key in self.outcomes:
+            if key not in ("applied", "unused", "cancelled") and not key.startswith(("rejected.", "lost.")):
+                raise ValueError(f"books: unknown outcome {key!r}")
+        if self.version < 0 or (self.jobs_sent < 0).any() or any((v < 0).any() for v in self.outcomes.values()):
+            raise ValueError("books: negative counts")
+
+    # ------------------------------------------------------------------ writers
+    def sent(self, worker: int) -> int:
+        """A job was sent to ``worker``; returns its number among the worker's jobs (0, 1, ...)."""
+        seq = int(self.jobs_sent[worker])
+        self.jobs_sent[worker] = seq + 1
+        self.in_flight[worker] += 1
+        return seq
+
+    def ended(self, worker: int, outcome: str, detail: str = "") -> None:
+        """One of ``worker``'s jobs ended with ``outcome`` (see the module docstring)."""
+        self.in_flight[worker] -= 1
+        counts = self.outcomes.get(outcome)
+        if counts is None:
+            counts = self.outcomes[outcome] = np.zeros(self.n, np.int64)
+        counts[worker] += 1
+        if self.first_failure is None and outcome.startswith(("rejected.", "lost.")):
+            self.first_failure = (outcome.split(".", 1)[1], detail)
+
+    def unused(self, worker: int) -> None:
+        """An applied reply the strategy then threw away: its outcome becomes ``unused``."""
+        self.outcomes["applied"][worker] -= 1
+        self.in_flight[worker] += 1  # (ended() takes it off again)
+        self.ended(worker, "unused")
+
+    def record_stray(self, reason: str) -> None:
+        """A reply that answers no job in flight (``duplicate``, ``unknown-job``)."""
+        self.stray[reason] = self.stray.get(reason, 0) + 1
 
     def record_update(self, worker: int, stepsize: float) -> None:
         self.version += 1
         self.stepsize_sum += stepsize
-        book = self.workers[worker]
-        book.updates += 1
-        book.stepsize_sum += stepsize
+        self.updates[worker] += 1
+        self.stepsize_per_worker[worker] += stepsize
 
-    def record_rejection(self, reason: str, detail: str = "") -> None:
-        self.rejections[reason] += 1
-        if self.first_rejection is None and reason not in ("duplicate", "unknown-job"):
-            self.first_rejection = (reason, detail)
+    # ------------------------------------------------------------------ readers
+    def count(self, prefix: str) -> np.ndarray:
+        """Per worker: jobs whose outcome is ``prefix`` or starts with ``prefix.``."""
+        total = np.zeros(self.n, np.int64)
+        for key, counts in self.outcomes.items():
+            if key == prefix or key.startswith(prefix + "."):
+                total += counts
+        return total
 
-    def finished(self, worker: int, outcome: str) -> None:
-        """Book how one of ``worker``'s jobs ended (see ``WorkerBook.outcomes``)."""
-        self.workers[worker].outcomes[outcome] += 1
+    def by_reason(self, kind: str) -> dict[str, int]:
+        """Run totals of ``kind`` (``rejected`` or ``lost``) outcomes by reason."""
+        return {key.split(".", 1)[1]: int(c.sum()) for key, c in sorted(self.outcomes.items())
+                if key.startswith(kind + ".") and c.any()}
 
-    def unused(self, worker: int) -> None:
-        """An accepted reply the strategy threw away (a late job of an earlier round)."""
-        outcomes = self.workers[worker].outcomes
-        outcomes["applied"] -= 1
-        outcomes["unused"] += 1
+    def failures(self) -> dict[str, int]:
+        """Rejected and lost jobs by reason (what the run's ``rejected`` column shows)."""
+        return {**self.by_reason("rejected"), **self.by_reason("lost")}
+
+    @property
+    def accepted(self) -> int:
+        """Replies that passed validation (applied or unused)."""
+        return int(self.count("applied").sum() + self.count("unused").sum())
+
+    def per_worker(self) -> dict[str, np.ndarray]:
+        """The balance's columns as arrays (``COLUMNS``)."""
+        return {"sent": self.jobs_sent, "applied": self.count("applied"), "rejected": self.count("rejected"),
+                "lost": self.count("lost"), "discarded": self.count("cancelled") + self.count("unused"),
+                "in-flight": self.in_flight}
 
     def balance(self) -> list[dict[str, int]]:
-        """Per worker: jobs sent = applied + rejected (by reason) + lost + discarded + in flight.
+        """Per worker: the ``COLUMNS`` and ``balanced`` (1 when sent equals the rest's sum)."""
+        cols = self.per_worker()
+        ok = self._balanced(cols)
+        return [{**{k: int(cols[k][i]) for k in COLUMNS}, "balanced": int(ok[i])} for i in range(self.n)]
 
-        Each row has those numbers and ``balanced`` (1 or 0); ``discarded`` is cancelled plus unused.
-        """
-        rows = []
-        for b in self.workers:
-            o = b.outcomes
-            row = {"sent": b.jobs_sent, "applied": o["applied"],
-                   "rejected": sum(v for k, v in o.items() if k.startswith("rejected.")),
-                   "lost": sum(v for k, v in o.items() if k.startswith("lost.")),
-                   "discarded": o["cancelled"] + o["unused"], "in-flight": len(b.pending)}
-            accounted = row["applied"] + row["rejected"] + row["lost"] + row["discarded"] + row["in-flight"]
-            row["balanced"] = int(accounted == row["sent"] and o["applied"] >= 0)
-            rows.append(row)
-        return rows
+    @staticmethod
+    def _balanced(cols: dict[str, np.ndarray]) -> np.ndarray:
+        accounted = cols["applied"] + cols["rejected"] + cols["lost"] + cols["discarded"] + cols["in-flight"]
+        return (accounted == cols["sent"]) & (cols["applied"] >= 0) & (cols["in-flight"] >= 0)
 
     def check_balance(self) -> None:
         """Raise AssertionError naming the first worker whose books do not balance."""
-        for i, row in enumerate(self.balance()):
-            if not row["balanced"]:
-                raise AssertionError(
-                    f"the books do not balance for worker {i}: {row['sent']} jobs sent, but {row['applied']} applied + "
-                    f"{row['rejected']} rejected + {row['lost']} lost + {row['discarded']} discarded + "
-                    f"{row['in-flight']} in flight ({dict(self.workers[i].outcomes)})")
+        cols = self.per_worker()
+        bad = np.flatnonzero(~self._balanced(cols))
+        if bad.size:
+            i = int(bad[0])
+            c = {k: int(cols[k][i]) for k in COLUMNS}
+            raise AssertionError(
+                f"the books do not balance for worker {i}: {c['sent']} jobs sent, but {c['applied']} applied + "
+                f"{c['rejected']} rejected + {c['lost']} lost + {c['discarded']} discarded + {c['in-flight']} in flight")
 
-    def busy_time(self, worker: int, t: float, virtual: bool) -> float:
-        """Time ``worker`` spent computing up to time ``t``."""
-        book = self.workers[worker]
-        busy = book.busy_done
-        if virtual:
-            for job in book.pending.values():
-                if job.start_time < t:
-                    busy += min(job.finish_time, t) - job.start_time
-        return busy
+    def totals(self, now: float) -> dict[str, Any]:
+        """The run's books as flat numbers and per-worker lists (``AsyncResult.books``); every total is
+        the sum of its per-worker list."""
+        cols = self.per_worker()
+        out: dict[str, Any] = {"updates": self.version, "jobs-sent": int(cols["sent"].sum()),
+                               "replies-accepted": self.accepted}
+        for key in COLUMNS[2:]:
+            out[key] = int(cols[key].sum())
+        out["cumulative-stepsize"] = self.stepsize_sum
+        out["time"] = float(now)
+        for kind in ("rejected", "lost"):
+            for reason, count in self.by_reason(kind).items():
+                out[f"{kind}.{reason}"] = count
+        for reason, count in sorted(self.stray.items()):
+            out[f"stray.{reason}"] = count
+        for key in COLUMNS:
+            out[f"{key}-per-worker"] = cols[key].tolist()
+        out["balanced"] = int(self._balanced(cols).all())
+        return out
 
-    def idle_share(self, worker: int, t: float, virtual: bool) -> float:
-        if t <= 0:
-            return 0.0
-        return max(0.0, 1.0 - self.busy_time(worker, t, virtual) / t)
-
-    def summary(self, t: float, virtual: bool) -> dict[str, Any]:
-        """The per-evaluation row of the books (touches every worker: per evaluation, not per event)."""
-        ws = self.workers
+    def summary(self, t: float, busy: np.ndarray) -> dict[str, Any]:
+        """The per-evaluation row of the books; ``busy``: each worker's compute time up to ``t``."""
+        idle = np.maximum(0.0, 1.0 - busy / t) if t > 0 else np.zeros(self.n)
         return {
             "updates": self.version,
             "cumulative_stepsize": self.stepsize_sum,
-            "updates_per_worker": [b.updates for b in ws],
-            "rejected": dict(self.rejections),
-            "lost_per_worker": [b.lost for b in ws],
-            "discarded_per_worker": [b.discarded for b in ws],
-            "wasted_time": sum(b.wasted for b in ws),
-            "idle_share_per_worker": [self.idle_share(i, t, virtual) for i in range(len(ws))],
+            "updates_per_worker": self.updates.tolist(),
+            "rejected": self.failures(),
+            "lost_per_worker": self.count("lost").tolist(),
+            "discarded_per_worker": (self.count("cancelled") + self.count("unused")).tolist(),
+            "wasted_time": float(self.wasted.sum()),
+            "idle_share_per_worker": idle.tolist(),
         }
-
-    def totals(self, in_flight: int, now: float) -> dict[str, int | float]:
-        """The run's books as flat numbers (``AsyncResult.books``): jobs sent, replies accepted,
-        updates, rejections in all and per reason, lost and discarded jobs, jobs still in flight."""
-        ws = self.workers
-        out: dict[str, int | float] = {
-            "updates": self.version,
-            "jobs-sent": sum(b.jobs_sent for b in ws),
-            "replies-accepted": self.accepted,
-            "rejected": sum(self.rejections.values()),
-            "lost": sum(b.lost for b in ws),
-            "discarded": sum(b.discarded for b in ws),
-            "in-flight": in_flight,
-            "cumulative-stepsize": self.stepsize_sum,
-            "time": float(now),
-        }
-        for reason, count in sorted(self.rejections.items()):
-            out[f"rejected.{reason}"] = count
-        rows = self.balance()
-        for key in ("sent", "applied", "rejected", "lost", "discarded", "in-flight"):
-            out[f"{key}-per-worker"] = [r[key] for r in rows]
-        out["balanced"] = int(all(r["balanced"] for r in rows))
-        return out

@@ -11,13 +11,19 @@ from flwr.app import ArrayRecord
 
 from fl_rescaled.layout import all_finite
 
-#: Rejection reasons that mean the node itself is gone (not just this job): Flower's
+#: Failure reasons that mean the node itself is gone (not just this job): Flower's
 #: MESSAGE_UNAVAILABLE (expired in transit), NODE_UNAVAILABLE, and our own TTL expiry.
 NODE_GONE = ("error-code-3", "error-code-5", "ttl-expired")
 
 
 @dataclass
 class Job:
+    """One job: the model version it carries, where it went, and (virtual clock) when it runs.
+
+    ``model`` (the encoded model, shared by every job of the same version) is not part of the
+    job's record in a checkpoint: the run's state keeps each version's model once.
+    """
+
     job_id: int
     worker: int
     version: int
@@ -26,14 +32,16 @@ class Job:
     start_time: float = math.nan
     finish_time: float = math.nan  # virtual clock only
     message_id: str = ""
-    pushed_at: float = 0.0  # wall-clock seconds (time.monotonic)
-    model: ArrayRecord | None = None  # the encoded model this job carries (shared, never copied)
+    pushed_at: float = 0.0  # wall-clock seconds (time.monotonic) of this process
     node_id: int = 0  # the node it was sent to (a worker's node id changes if its SuperNode restarts)
     config: dict[str, Any] = field(default_factory=dict)  # the config it was sent with (to send it again)
+    model: ArrayRecord | None = field(default=None, metadata={"transient": True})
 
 
 @dataclass
 class Completion:
+    """A finished job as the strategy sees it: its update (a direction g), or why there is none."""
+
     job: Job
     time: float
     delay: int  # δ = k − v: server updates applied since the job's model was sent

@@ -4,7 +4,7 @@ nodes that leave and come back (a restarted SuperNode has a new node id).
 With the partition query (``fl_rescaled.add_partition_query`` in the ClientApp) workers are numbered
 by ``partition-id`` and a node that appears says which worker it is. Without it, workers are the
 nodes in ascending node-id order, and a node that appears takes the place of a worker whose node is
-gone (lowest index first).
+gone (lowest index first). ``Roster`` is what a checkpoint keeps of it.
 """
 
 from __future__ import annotations
@@ -12,40 +12,58 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
+import numpy as np
 from flwr.app import Message
-from flwr.serverapp import Grid
 
 from fl_rescaled.errors import client_error_text
+from fl_rescaled.grid_api import AsyncGrid, collect_replies
 from fl_rescaled.messages import hello_message, parse_hello
 
-from .books import Books
 from .transport import Transport
 
 log = logging.getLogger("flwr.fl_rescaled")
 
 
+@dataclass
+class Roster:
+    """Workers and their nodes: the node each worker is on, whether it is online (wall clock)."""
+
+    node_ids: list[int] = field(default_factory=list)
+    online: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    partition_query: bool = False
+    ignored: list[int] = field(default_factory=list)  # nodes that are not workers of this run
+
+    def check(self) -> None:
+        if self.online.dtype != bool or self.online.shape != (len(self.node_ids),):
+            raise ValueError("roster: one online flag per worker")
+        if len(set(self.node_ids)) != len(self.node_ids):
+            raise ValueError("roster: two workers on one node")
+
+
 class Membership:
-    def __init__(self, grid: Grid, transport: Transport, *, ttl: float, node_refresh: float = 2.0) -> None:
+    def __init__(self, grid: AsyncGrid, transport: Transport, *, ttl: float, node_refresh: float = 2.0) -> None:
         self.grid = grid
         self.transport = transport
         self.ttl = ttl
         self.node_refresh = node_refresh
-        self.partition_query = False
+        self.roster = Roster()
         self.worker_of_node: dict[int, int] = {}
-        self.ignored: set[int] = set()  # nodes that are not workers of this run
         self.joined: list[int] = []  # workers that (re)appeared and wait for a job
-        self.books: Books | None = None
+        self.has_jobs: Callable[[int], bool] = lambda worker: False  # (the books: a job in flight)
         self.on_online: Callable[[int, bool], None] = lambda worker, online: None
         self._next_refresh = 0.0
         transport.on_hello = self.hello_answered
 
-    def __getstate__(self) -> dict:  # (a checkpoint: no Grid, no callback)
-        return {**self.__dict__, "grid": None, "on_online": None}
+    def use(self, roster: Roster) -> None:
+        """Take ``roster`` (a fresh one, or a checkpoint's) as the workers' nodes."""
+        self.roster = roster
+        self.worker_of_node = {n: i for i, n in enumerate(roster.node_ids)}
 
     # ------------------------------------------------------------------ the start
     def connect(self, num_workers: int | None, timeout: float, partition_query: bool) -> list[int]:
-        """Wait for the nodes; return the node ids in worker order."""
+        """Wait for the nodes; number them as workers; return the node ids in worker order."""
         deadline = time.monotonic() + timeout
         while True:
             nodes = sorted(int(n) for n in self.grid.get_node_ids())
@@ -55,50 +73,42 @@ class Membership:
                 raise TimeoutError(f"only {len(nodes)} of {num_workers} nodes connected within {timeout:g} s")
             time.sleep(0.1)
         order = self._order_by_partition(nodes, deadline) if partition_query else nodes
-        self.partition_query = partition_query
         if num_workers is not None:
             order = order[:num_workers]
-        self.worker_of_node = {n: i for i, n in enumerate(order)}
-        self.ignored = set(nodes) - set(order)
+        self.use(Roster(list(order), np.ones(len(order), bool), partition_query, sorted(set(nodes) - set(order))))
         return order
 
     def rediscover(self, timeout: float) -> None:
         """A restarted server (wall clock): find the nodes again and give each worker its node (by
         partition with the partition query, else in node-id order); workers without one are offline."""
-        assert self.books is not None
         deadline = time.monotonic() + timeout
         nodes = sorted(int(n) for n in self.grid.get_node_ids())
-        order = self._order_by_partition(nodes, deadline) if self.partition_query else nodes
-        self.worker_of_node = {}
-        for i, book in enumerate(self.books.workers):
+        order = self._order_by_partition(nodes, deadline) if self.roster.partition_query else nodes
+        roster = self.roster
+        for i in range(len(roster.node_ids)):
             if i < len(order):
-                book.node_id = order[i]
-                self.worker_of_node[order[i]] = i
+                roster.node_ids[i] = order[i]
             self.set_online(i, i < len(order))
-        self.ignored = set(nodes) - set(self.worker_of_node)
+        self.use(roster)
+        roster.ignored = sorted(set(nodes) - set(self.worker_of_node))
         self._next_refresh = 0.0
 
     def _order_by_partition(self, nodes: list[int], deadline: float) -> list[int]:
         ttl = max(1.0, deadline - time.monotonic())
         ids = list(self.grid.push_messages([hello_message(n, ttl) for n in nodes]))
         node_of = dict(zip(ids, nodes))
-        pending = set(ids)
         partition: dict[int, int] = {}
         failed: dict[int, str] = {}
-        while pending and time.monotonic() < deadline:
-            got = False
-            for rep in self.grid.pull_messages(list(pending)):
-                got = True
-                mid = rep.metadata.reply_to_message_id
-                pending.discard(mid)
-                node = node_of.get(mid, rep.metadata.src_node_id)
-                pid = parse_hello(rep)
-                if pid is None:
-                    failed[node] = str(rep.error.reason) if rep.has_error() else "no partition-id in the answer"
-                else:
-                    partition[node] = pid
-            if not got:
-                time.sleep(0.05)
+
+        def answered(rep: Message) -> None:
+            node = node_of.get(rep.metadata.reply_to_message_id, rep.metadata.src_node_id)
+            pid = parse_hello(rep)
+            if pid is None:
+                failed[node] = str(rep.error.reason) if rep.has_error() else "no partition-id in the answer"
+            else:
+                partition[node] = pid
+
+        pending = collect_replies(self.grid, ids, deadline, answered)
         if pending or failed:
             why = (f"{len(pending)} node(s) did not answer within the timeout" if pending
                    else f"node {next(iter(failed))} answered: {client_error_text(next(iter(failed.values())))}")
@@ -113,14 +123,11 @@ class Membership:
 
     # ------------------------------------------------------------------ the wall clock
     def online_workers(self) -> list[int]:
-        assert self.books is not None
-        return [i for i, b in enumerate(self.books.workers) if b.online]
+        return np.flatnonzero(self.roster.online).tolist()
 
     def set_online(self, worker: int, online: bool) -> None:
-        assert self.books is not None
-        book = self.books.workers[worker]
-        if book.online != online:
-            book.online = online
+        if bool(self.roster.online[worker]) != online:
+            self.roster.online[worker] = online
             self.on_online(worker, online)
 
     def due(self) -> bool:
@@ -128,7 +135,7 @@ class Membership:
 
     def refresh(self) -> None:
         """Look for nodes that left or appeared (a new or restarted SuperNode) and place them."""
-        assert self.books is not None
+        roster = self.roster
         self._next_refresh = time.monotonic() + self.node_refresh
         try:
             current = {int(n) for n in self.grid.get_node_ids()}
@@ -136,26 +143,26 @@ class Membership:
             log.warning("could not list nodes: %s", exc)
             return
         pending_hello = set(self.transport.hello_pending.values())
-        for i, book in enumerate(self.books.workers):
-            if book.online and book.node_id not in current and not book.pending:
+        for i, node in enumerate(roster.node_ids):
+            if roster.online[i] and node not in current and not self.has_jobs(i):
                 self.set_online(i, False)
-                log.warning("worker %d (node %d) left", i, book.node_id)
-            elif not book.online and book.node_id in current:
-                if not self.partition_query:  # (no query to probe it with) listed again: back
-                    self.rejoin(i, book.node_id)
+                log.warning("worker %d (node %d) left", i, node)
+            elif not roster.online[i] and node in current:
+                if not roster.partition_query:  # (no query to probe it with) listed again: back
+                    self.rejoin(i, node)
                 # Listed is not alive: a SIGKILLed node stays listed until its heartbeat times out
                 # (~60 s). Probe it; the answer marks it back.
-                elif book.node_id not in pending_hello:
-                    self._probe([book.node_id])
-        known = set(self.worker_of_node) | set(self.transport.hello_pending.values()) | self.ignored
+                elif node not in pending_hello:
+                    self._probe([node])
+        known = set(self.worker_of_node) | pending_hello | set(roster.ignored)
         new = sorted(current - known)
-        if self.partition_query:
+        if roster.partition_query:
             self._probe(new)
             return
-        gone = [i for i, b in enumerate(self.books.workers) if not b.online and b.node_id not in current]
+        gone = [i for i, node in enumerate(roster.node_ids) if not roster.online[i] and node not in current]
         for node in new:
             if not gone:
-                self.ignored.add(node)
+                roster.ignored.append(node)
                 log.warning("node %d appeared; no worker is missing, so it gets no jobs", node)
                 continue
             self.rejoin(gone.pop(0), node)
@@ -166,27 +173,25 @@ class Membership:
             self.transport.push_hellos([hello_message(n, min(self.ttl, 60.0)) for n in nodes], nodes)
 
     def hello_answered(self, node: int, rep: Message) -> None:
-        assert self.books is not None
         worker = parse_hello(rep)
         if worker is None:
             log.warning("node %d did not answer the partition query", node)
             return
-        if not 0 <= worker < len(self.books.workers):
-            self.ignored.add(node)
+        if not 0 <= worker < len(self.roster.node_ids):
+            self.roster.ignored.append(node)
             log.warning("node %d holds partition %d, outside this run's %d workers", node, worker,
-                        len(self.books.workers))
+                        len(self.roster.node_ids))
             return
         self.rejoin(worker, node)
 
     def rejoin(self, worker: int, node: int) -> None:
         """Worker ``worker`` is on node ``node`` (again): it is online and waits for a job."""
-        assert self.books is not None
-        book = self.books.workers[worker]
-        old = book.node_id
+        roster = self.roster
+        old = roster.node_ids[worker]
         self.worker_of_node.pop(old, None)
         self.worker_of_node[node] = worker
-        book.node_id = node
-        if not book.online or old != node:
+        roster.node_ids[worker] = node
+        if not roster.online[worker] or old != node:
             self.set_online(worker, True)
             self.joined.append(worker)
             log.warning("worker %d (re)joined on node %d", worker, node)

@@ -1,6 +1,10 @@
-"""The manager's observer hook: what benchmarks and metrics watch without patching the manager."""
+"""The observer hook: what benchmarks, metrics and tests watch without patching the manager or driver."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
 
 from .jobs import Completion, Job
 
@@ -8,7 +12,7 @@ from .jobs import Completion, Job
 class ManagerObserver:
     """Override the events you need; every method is called synchronously, in event order.
 
-    Register with ``manager.observers.append(observer)`` (or ``start(..., observers=[...])``).
+    Register with ``start(..., observers=[...])``.
     """
 
     def job_sent(self, job: Job) -> None:
@@ -22,3 +26,16 @@ class ManagerObserver:
 
     def update_applied(self, worker: int, stepsize: float, version: int) -> None:
         """The strategy applied a server update (now ``version``) triggered by ``worker``."""
+
+    def handled(self, comp: Completion, x: np.ndarray) -> None:
+        """The strategy handled ``comp`` (applied, buffered or rejected it); ``x`` is the model now."""
+
+
+class OnEvent(ManagerObserver):
+    """Calls ``fn(comp, x)`` after the strategy handled each completion (``x``: the model then)."""
+
+    def __init__(self, fn: Callable[[Completion, np.ndarray], object]) -> None:
+        self.fn = fn
+
+    def handled(self, comp: Completion, x: np.ndarray) -> None:
+        self.fn(comp, x)

@@ -1,9 +1,10 @@
 """Jobs out, replies in: pushing Flower Messages and matching replies to the jobs they answer.
 
 Replies are matched by Flower's ``reply_to_message_id``. A reply to a job in flight is buffered
-until the manager consumes it; a second reply to the same job is a ``duplicate``; a reply to no job
-sent is ``unknown-job``; the reply of a cancelled job is dropped as wasted work; replies to the
-partition query go to the membership.
+until the completion source consumes it; a second reply to the same job is a ``duplicate`` and a
+reply to no job sent is an ``unknown-job`` (both strays); the reply of a cancelled job is
+handed to ``on_cancelled_reply`` (its compute time is wasted work); replies to the partition query
+go to ``on_hello``; strays to ``on_stray``.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from collections import deque
 from collections.abc import Callable
 
 from flwr.app import Message
-from flwr.serverapp import Grid
 
-from .books import Books
+from fl_rescaled.grid_api import AsyncGrid, collect_replies
+from fl_rescaled.messages import JOB_TYPE, job_content
+
 from .jobs import Job
 
 log = logging.getLogger("flwr.fl_rescaled")
@@ -43,12 +45,11 @@ class RecentIds:
 
 
 class Transport:
-    def __init__(self, grid: Grid, books: Books, *, ttl: float, poll_interval: float, time_unit: float = 1.0) -> None:
+    def __init__(self, grid: AsyncGrid, *, ttl: float, arrayrecord_key: str = "arrays",
+                 configrecord_key: str = "config") -> None:
         self.grid = grid
-        self.books = books
         self.ttl = float(ttl)
-        self.poll_interval = poll_interval
-        self.time_unit = time_unit
+        self.keys = (arrayrecord_key, configrecord_key)
         self.inflight: dict[str, Job] = {}  # insertion order = push order: the oldest first
         self.arrived: dict[str, Message] = {}
         self._arrival_order: deque[str] = deque()
@@ -56,69 +57,65 @@ class Transport:
         self.cancelled: dict[str, Job] = {}  # cancelled jobs whose replies may still arrive
         self.hello_pending: dict[str, int] = {}  # partition-query message id -> node id
         self.on_hello: Callable[[int, Message], None] = lambda node, rep: None
+        self.on_cancelled_reply: Callable[[Job, Message], None] = lambda job, rep: None
+        self.on_stray: Callable[[str], None] = lambda reason: None
 
-    def __getstate__(self) -> dict:  # (a checkpoint: no Grid, no callback, no answered ids)
-        state = dict(self.__dict__)
-        state.update(grid=None, on_hello=None, finished=RecentIds(self.finished.limit))
-        return state
-
-    def push(self, msg: Message, job: Job) -> None:
+    def push_job(self, job: Job) -> None:
+        """Send ``job`` (its model and config) to its node as a Flower ``train`` Message."""
+        assert job.model is not None
+        msg = Message(job_content(job.model, job.config, *self.keys), job.node_id, JOB_TYPE, ttl=self.ttl,
+                      group_id=str(job.version))
         (mid,) = self.grid.push_messages([msg])
         job.message_id = mid
         job.pushed_at = time.monotonic()
         self.inflight[mid] = job
-        self.books.workers[job.worker].pending[mid] = job
 
     def push_hellos(self, msgs: list[Message], nodes: list[int]) -> None:
         for mid, node in zip(self.grid.push_messages(msgs), nodes):
             self.hello_pending[mid] = node
 
     def done(self, job: Job) -> None:
-        """``job`` left the flight (completed, lost or cancelled)."""
+        """``job`` left the flight (completed or lost); a later reply to it is a duplicate."""
         self.inflight.pop(job.message_id, None)
-        self.books.workers[job.worker].pending.pop(job.message_id, None)
+        self.arrived.pop(job.message_id, None)
         self.finished.add(job.message_id)
 
+    def cancel(self, job: Job) -> Message | None:
+        """``job`` is cancelled: its reply, if it already came, else None (a later one is handed
+        to ``on_cancelled_reply``)."""
+        self.inflight.pop(job.message_id, None)
+        rep = self.arrived.pop(job.message_id, None)
+        if rep is None:
+            self.cancelled[job.message_id] = job
+            if len(self.cancelled) > self.finished.limit:  # (replies that never come: do not pile up)
+                del self.cancelled[next(iter(self.cancelled))]
+        else:
+            self.finished.add(job.message_id)
+        return rep
+
     def accept(self, replies: list[Message]) -> None:
-        """Buffer pulled replies; count those that answer no job in flight."""
+        """Buffer pulled replies; book those that answer no job in flight."""
         for rep in replies:
             mid = rep.metadata.reply_to_message_id
             if mid in self.hello_pending:
                 self.on_hello(self.hello_pending.pop(mid), rep)
-            elif mid in self.cancelled:  # a cancelled job finished anyway: drop it
-                self.drop_cancelled(self.cancelled.pop(mid), rep)
+            elif mid in self.cancelled:  # a cancelled job finished anyway
+                self.finished.add(mid)
+                self.on_cancelled_reply(self.cancelled.pop(mid), rep)
             elif mid in self.inflight and mid not in self.arrived:
                 self.arrived[mid] = rep
                 self._arrival_order.append(mid)
             else:
                 reason = "duplicate" if (mid in self.finished or mid in self.arrived) else "unknown-job"
-                self.books.record_rejection(reason)
-                log.warning("rejected a reply to message %r: %s", mid, reason)
-
-    def drop_cancelled(self, job: Job, rep: Message) -> None:
-        """The reply of a cancelled job (wall clock): unused; its compute time is wasted work."""
-        self.finished.add(job.message_id)
-        if rep.has_content() and "metrics" in rep.content:
-            spent = float(rep.content["metrics"].get("compute-time", 0.0)) / self.time_unit
-            book = self.books.workers[job.worker]
-            book.wasted += spent
-            book.busy_done += spent
+                self.on_stray(reason)
+                log.warning("ignored a reply to message %r: %s", mid, reason)
 
     def await_reply(self, job: Job) -> Message | None:
         """Block until the reply to ``job`` has arrived (virtual clock); None past its TTL."""
         mid = job.message_id
-        deadline = job.pushed_at + self.ttl
-        wait = getattr(self.grid, "wait_messages", None)  # an in-process Grid computing ahead
-        while mid not in self.arrived:
-            if wait is not None:
-                wait([mid], timeout=max(0.0, deadline - time.monotonic()))
-            self.accept(list(self.grid.pull_messages([mid])))
-            if mid in self.arrived:
-                break
-            if time.monotonic() > deadline:
-                return None
-            time.sleep(self.poll_interval)
-        return self.arrived.pop(mid)
+        if mid not in self.arrived:
+            collect_replies(self.grid, [mid], job.pushed_at + self.ttl, lambda rep: self.accept([rep]))
+        return self.arrived.pop(mid, None)
 
     def next_arrival(self) -> str | None:
         """The oldest buffered reply (wall clock), pulling new ones only when none is buffered."""
@@ -140,3 +137,12 @@ class Transport:
         for job in self.inflight.values():
             return job if time.monotonic() - job.pushed_at > self.ttl else None
         return None
+
+    def forget_inflight(self) -> list[Job]:
+        """Drop every job in flight and every buffered reply (a restarted server); returns the jobs."""
+        jobs = list(self.inflight.values())
+        self.inflight.clear()
+        self.arrived.clear()
+        self._arrival_order.clear()
+        self.cancelled.clear()
+        return jobs

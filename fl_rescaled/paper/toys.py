@@ -21,6 +21,7 @@ from fl_rescaled.clients.client_app import app
 from fl_rescaled.clock import DEFAULT_TAUS, DelayModel, VirtualClock
 from fl_rescaled.experiment import RunSpec, make_strategy
 from fl_rescaled.grid import InProcessGrid
+from fl_rescaled.manager import OnEvent
 from fl_rescaled.tasks import task_spec
 
 from .config import StudyConfig
@@ -43,13 +44,13 @@ def run_quadratic(method: str, taus: list[float], budget: float, on_event, delay
     n = len(taus)
     strategy = make_strategy(RunSpec(task="quadratic", strategy=method, lr=lr, taus=taus, delays=delays, seed=seed,
                                      quad_a=a, quad_b=b).resolved())
-    strategy.on_event = on_event
     cfg = {"task": "quadratic", "num-partitions": n}
     if a is not None:
         cfg.update({"quad-a": a, "quad-b": b})
     strategy.start(InProcessGrid(app, n), ArrayRecord({"model": Array(np.full(1, float(x0)))}),
                    time_budget=budget, train_config={"task": task_spec(cfg)},
-                   clock=VirtualClock(DelayModel(taus, delays, seed)), eval_every=budget, partition_query=True)
+                   clock=VirtualClock(DelayModel(taus, delays, seed)), eval_every=budget, partition_query=True,
+                   observers=[OnEvent(on_event)])
 
 
 def run_toy(method: str, toy: dict[str, Any]) -> Iterates:

@@ -1,0 +1,70 @@
+"""The contract between an algorithm and the run it is part of: the ``Run`` protocol.
+
+A strategy (``fl_rescaled.strategies``) is an algorithm: it reacts to one completion at a time and
+acts on the run only through these calls. The driver (``fl_rescaled.driver``) implements them on
+the real run (the model, the client manager, the books); ``tests/scripted.py`` implements them with
+recorded lists, so an algorithm can be tested alone.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from .manager import Job
+from .stepsizes import TauTable
+
+
+class Run(Protocol):
+    """What an algorithm sees of the run it is part of (the driver, or a test's scripted run)."""
+
+    @property
+    def n(self) -> int:
+        """Number of workers."""
+
+    @property
+    def x(self) -> np.ndarray:
+        """The model (flat float vector); changed only through ``apply``."""
+
+    @property
+    def version(self) -> int:
+        """Server updates applied so far (k)."""
+
+    @property
+    def virtual(self) -> bool:
+        """True on the virtual clock (every worker always online)."""
+
+    @property
+    def taus(self) -> TauTable:
+        """The τ estimates the stepsize rules read."""
+
+    def apply(self, worker: int, update: np.ndarray, stepsize: float, booked: float | None = None) -> None:
+        """x ← x − stepsize · update, one server update triggered by ``worker`` (``booked``: the
+        stepsize entered in the cumulative-stepsize books when it differs)."""
+
+    def send(self, worker: int) -> None:
+        """A job on the current model for ``worker`` (queued behind its jobs in flight)."""
+
+    def send_next(self, after: int) -> None:
+        """A job on the current model for the worker the selection seam picks after ``after``'s job."""
+
+    def resend(self, job: Job) -> None:
+        """Another job for ``job``'s worker on the model ``job`` carried (keep working on x^k)."""
+
+    def cancel_all(self) -> None:
+        """Cancel every job in flight (their work so far is booked as discarded)."""
+
+    def discard(self, job: Job) -> None:
+        """Book a finished job whose reply the algorithm does not use."""
+
+    def online_workers(self) -> list[int]:
+        """The workers whose nodes are online (all of them on the virtual clock)."""
+
+    def is_online(self, worker: int) -> bool: ...
+
+    def node_of(self, worker: int) -> int:
+        """The node ``worker`` is on now (a restarted SuperNode has a new id)."""
+
+    def model_of(self, job: Job) -> np.ndarray:
+        """The flat model ``job`` was computed on."""

@@ -1,0 +1,353 @@
+"""The driver: one run of an asynchronous strategy, from the first job to the ``Result``.
+
+Three roles make a run. The **algorithm** (a strategy in ``fl_rescaled.strategies``) reads one
+completion at a time, updates its own state and asks for jobs. The **driver** (here) owns the run:
+its state (``RunState``), the client manager, the event loop, the budgets, the evaluations, the
+failure checks, checkpoints and resume, and batched replicas. The **Flower façade**
+(``AsyncStrategy.start``) builds a driver and returns what it returns.
+
+What an algorithm may do to the run is the ``Run`` protocol (``fl_rescaled.algorithm``); the
+driver implements it (``tests/scripted.py`` has a scripted stand-in that unit tests feed
+completions to). The loop:
+ask the manager for the next completion (virtual-clock order, or arrival order), evaluate at the
+evaluation points it passed, hand the completion to the algorithm, check that the run can still
+make progress, write a checkpoint when one is due. A run that cannot make progress raises
+``RunFailed`` with the first failure's reason instead of returning the initial model.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, MetricRecord
+
+from .checkpoints import CheckpointError
+from .clock import Clock, default_clock
+from .errors import RunFailed, client_error_text
+from .grid_api import as_async_grid
+from .layout import ModelLayout
+from .manager import NODE_GONE, AsyncClientManager, Completion, Job, ManagerObserver
+from .metrics import ProgressBar
+from .reporting import AsyncResult, EvaluateFn, Evaluations, FederatedEvaluation, MetricWindow
+from .runstate import Checkpointing, EvalSchedule, RunState, budgets, load, save
+from .stepsizes import TauTable
+
+log = logging.getLogger("flwr.fl_rescaled")
+
+
+class RunAPI:
+    """The driver's side of ``Run``: what the algorithm's calls do to the model and the manager."""
+
+    manager: AsyncClientManager
+    state: Any  # RunState
+    config: dict | None  # the strategy's per-job config
+
+    @property
+    def n(self) -> int:
+        return self.manager.num_workers
+
+    @property
+    def x(self) -> np.ndarray:
+        return self.state.x
+
+    @property
+    def version(self) -> int:
+        return self.manager.books.version
+
+    @property
+    def virtual(self) -> bool:
+        return self.manager.source.virtual
+
+    @property
+    def taus(self) -> TauTable:
+        return self.manager.taus
+
+    def apply(self, worker: int, update: np.ndarray, stepsize: float, booked: float | None = None) -> None:
+        x = self.state.x
+        scratch = self._scratch
+        if scratch.shape != x.shape:
+            scratch = self._scratch = np.empty_like(x)
+        lrs = self.state.replica_lrs
+        if lrs is None:
+            np.multiply(update, stepsize, out=scratch, casting="same_kind")
+        else:  # each replica's step in the update's precision, as its own run would take α · γ_unit
+            R = len(lrs)
+            steps = (stepsize * lrs).astype(update.dtype)
+            np.multiply(update.reshape(R, -1), steps[:, None], out=scratch.reshape(R, -1))
+        np.subtract(x, scratch, out=x)
+        self.manager.record_update(worker, stepsize if booked is None else booked)
+
+    def send(self, worker: int) -> None:
+        self.manager.send(worker, self.state.x, self.version, self.job_config(), self.state.carried)
+
+    def send_next(self, after: int) -> None:
+        self.manager.send_next(after, self.state.x, self.version, self.job_config(), self.state.carried)
+
+    def resend(self, job: Job) -> None:
+        self.manager.resend(job, self.job_config())
+
+    def cancel_all(self) -> None:
+        self.manager.cancel_all()
+
+    def discard(self, job: Job) -> None:
+        self.manager.discard(job)
+
+    def online_workers(self) -> list[int]:
+        return self.manager.online_workers()
+
+    def is_online(self, worker: int) -> bool:
+        return self.manager.is_online(worker)
+
+    def node_of(self, worker: int) -> int:
+        return self.manager.membership.roster.node_ids[worker]
+
+    def model_of(self, job: Job) -> np.ndarray:
+        return self.manager.model_of(job)
+
+    def job_config(self) -> dict | None:
+        return self.config
+
+
+class FailureCheck:
+    """Stops a run that cannot make progress: every worker answered and no reply could be used, or
+    ``limit`` replies in a row were rejected (jobs lost because their node left do not count)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+
+    def __call__(self, state: Any, manager: AsyncClientManager, comp: Completion) -> None:
+        if comp.ok:
+            state.consecutive = 0
+            state.answered[comp.worker] = True
+        elif comp.rejected not in NODE_GONE:
+            state.consecutive += 1
+            state.answered[comp.worker] = True
+        books = manager.books
+        if not comp.ok and state.answered.all() and books.accepted == 0:
+            failed = sum(books.failures().values())
+            raise RunFailed(self.failure(books, f"no reply could be used: every worker answered and all {failed} "
+                                                "replies were rejected"), manager.books_totals())
+        if state.consecutive >= self.limit:
+            raise RunFailed(self.failure(books, f"{state.consecutive} replies in a row were rejected"),
+                            manager.books_totals())
+
+    @staticmethod
+    def failure(books: Any, what: str) -> str:
+        first = books.first_failure
+        if first is None:
+            return f"the run cannot make progress: {what}"
+        reason, detail = first
+        text = client_error_text(detail) if reason.startswith("error-code") else detail
+        return f"the run cannot make progress: {what}. The first rejection ({reason}): {text}"
+
+
+def freeze(state: Any, replicas: Sequence[int], t: float) -> None:
+    """Batched runs: a replica whose gradient went non-finite has diverged; its model stops moving
+    (α_r = 0) while the other replicas go on with the same events."""
+    for r in replicas:
+        if int(r) not in state.frozen:
+            state.frozen[int(r)] = float(t)
+            state.replica_lrs[int(r)] = 0.0
+            log.warning("replica %d: non-finite gradient at t=%g; replica frozen (diverged)", r, t)
+
+
+class Driver(RunAPI):
+    """One run: see the module docstring. ``run()`` returns the ``AsyncResult``."""
+
+    def __init__(self, strategy: Any, grid: Any, initial_arrays: ArrayRecord, *, num_updates: int | None = None,
+                 time_budget: float | None = None, timeout: float = 3600.0, train_config: Any = None,
+                 evaluate_config: Any = None, evaluate_fn: EvaluateFn | None = None, clock: Clock | None = None,
+                 taus: list[float] | None = None, eval_every: float | None = None, num_evaluations: int = 10,
+                 num_workers: int | None = None, partition_query: bool | None = None, progress: bool = False,
+                 observers: list[ManagerObserver] | None = None, checkpoint: Checkpointing | None = None,
+                 settings: dict[str, Any] | None = None, replicas: Sequence[float] | None = None) -> None:
+        self.strategy = strategy
+        self.budget, self.max_updates = budgets(time_budget, num_updates, eval_every, num_evaluations)
+        self.by_time = time_budget is not None
+        self.layout, x, carried = ModelLayout.of(initial_arrays)
+        settings = dict(settings or {})
+        self.grid = as_async_grid(grid, settings.get("poll_interval", 0.002))
+        lrs = None if replicas is None else np.asarray(replicas, np.float64)
+        if lrs is not None and (not lrs.size or x.size % lrs.size or not (lrs > 0).all() or not np.isfinite(lrs).all()):
+            raise ValueError("replicas: one positive α per replica, and the model the replicas end to end")
+        if eval_every is not None:
+            schedule = EvalSchedule(float(eval_every), None)
+        elif time_budget is not None:
+            schedule = EvalSchedule(self.budget / num_evaluations, None)
+        else:
+            schedule = EvalSchedule(math.inf, max(1, math.ceil(self.max_updates / num_evaluations)))
+        self.state = RunState(x=x, carried=carried, schedule=schedule, window=MetricWindow(strategy.weighted_by_key),
+                              replica_lrs=lrs)
+        self._scratch = np.empty(0, x.dtype)  # (sized at the first step)
+        self.config = strategy.job_config()
+        self.plan = None if checkpoint is None else checkpoint.covering(strategy, self.layout, self.budget,
+                                                                         self.max_updates)
+        per_partition = taus is not None or strategy.target_weights() is not None or "worker_config" in settings
+        if partition_query is None:
+            partition_query = per_partition
+        elif per_partition and not partition_query:
+            raise ValueError("per-partition settings (taus, weights, worker_config) need partition_query=True")
+        if clock is None:
+            clock = default_clock(self.grid, taus, num_workers, partition_query)
+        elif taus is not None:
+            raise ValueError("give either clock or taus, not both")
+        if clock.virtual and num_workers is None:
+            num_workers = clock.delays.num_workers
+        self.connect_args = (num_workers, min(timeout, 300.0), partition_query)
+        cfg = dict(train_config.items()) if train_config is not None else {}
+        self.manager = AsyncClientManager(
+            self.grid, clock, layout=self.layout, reply=strategy.reply, arrayrecord_key=strategy.arrayrecord_key,
+            configrecord_key=strategy.configrecord_key, train_config=cfg, ttl=timeout, observers=observers,
+            replicas=1 if lrs is None else lrs.size, **settings)
+        fed = FederatedEvaluation(self.grid, evaluate_config, timeout, fraction=strategy.fraction_evaluate,
+                                  weighted_by_key=strategy.weighted_by_key, arrayrecord_key=strategy.arrayrecord_key,
+                                  configrecord_key=strategy.configrecord_key)
+        bar = ProgressBar(self.budget if self.by_time else float(self.max_updates), enabled=progress,
+                          label=strategy.name)
+        self.evaluations = Evaluations(self.grid, evaluate_fn, fed, bar)
+        self.check = FailureCheck(1)
+        self.next_checkpoint = math.inf
+        self.wall_seconds = 0.0
+
+    # ---------------------------------------------------------------- the run
+    def run(self) -> AsyncResult:
+        """Start (or resume), loop until a budget is spent, and return Flower's ``Result``."""
+        strategy, manager, state = self.strategy, self.manager, self.state
+        wall0 = time.perf_counter()
+        if self.plan is not None and self.plan.resume:
+            self._resume()
+        else:
+            num_workers, timeout, partition_query = self.connect_args
+            manager.connect(num_workers, timeout=timeout, partition_query=partition_query,
+                            weights=strategy.target_weights())
+            if not partition_query and manager.num_workers > 1:
+                log.warning("workers are numbered by node id (%d nodes); a ClientApp with "
+                            "fl_rescaled.add_partition_query numbers them by partition-id", manager.num_workers)
+            state.answered = np.zeros(manager.num_workers, bool)
+            state.algorithm = strategy.state = strategy.init_state(self)
+            if not manager.source.virtual:
+                manager.clock.restart()  # the wall-clock budget counts from the first job sent
+            self._plan_checkpoints()
+            wall0 = time.perf_counter()
+            strategy.on_start(self)
+        self.check = FailureCheck(strategy.max_consecutive_rejections or max(20, 2 * manager.num_workers))
+        self._loop()
+        self.evaluations.bar.close()
+        self.wall_seconds = time.perf_counter() - wall0
+        result = AsyncResult()
+        result.arrays = self.layout.to_record(state.x, state.carried)
+        for target, metrics in ((result.train_metrics_clientapp, state.train_metrics),
+                                (result.evaluate_metrics_clientapp, state.client_metrics),
+                                (result.evaluate_metrics_serverapp, state.server_metrics)):
+            target.update({step: MetricRecord(values) for step, values in metrics.items()})
+        result.books = MetricRecord(manager.books_totals())
+        try:
+            manager.books.check_balance()  # every job sent is accounted for, per worker
+        except AssertionError as exc:
+            raise RunFailed(str(exc), manager.books_totals()) from None
+        return result
+
+    def _loop(self) -> None:
+        manager, schedule, budget = self.manager, self.state.schedule, self.budget
+        t = 0.0
+        comp = None
+        while True:
+            comp = manager.next_completion(budget)
+            if comp is None and manager.joined:
+                for worker in manager.pop_joined():
+                    self.strategy.on_joined(self, worker)
+                continue
+            t = comp.time if comp is not None else (budget if math.isfinite(budget) else manager.clock.now)
+            # Evaluation points strictly before this event see the model as it was; an event at
+            # exactly an evaluation time is applied first (the model "at time t" includes it).
+            while schedule.next_time < t - 1e-12 or (comp is None and schedule.next_time <= budget * (1 + 1e-12)):
+                self.evaluate(schedule.next_time)
+            if comp is None:
+                if math.isinf(budget):
+                    raise RunFailed("no job is in flight and no update budget is left to reach: the run "
+                                    f"stopped after {manager.version} of {self.max_updates} updates",
+                                    manager.books_totals())
+                break
+            self.handle(comp, t)
+            if schedule.updates is not None and manager.version >= schedule.next_updates:
+                self.evaluate(comp.time)
+            if self.max_updates is not None and manager.version >= self.max_updates:
+                break
+            if manager.clock.now >= self.next_checkpoint:
+                self.save_checkpoint()
+        t_end = t if comp is None else comp.time  # the budget, or the time of the last update
+        history = self.state.history
+        last = history[-1] if history else None
+        if last is None or last["time"] < t_end - 1e-9 * max(1.0, abs(t_end)) or last["updates"] != manager.version:
+            self.evaluate(t_end)
+        self.evaluations.drain(self.state, block=True)
+
+    def handle(self, comp: Completion, t: float) -> None:
+        """One completion: the window of reply metrics, the algorithm, the failure checks."""
+        strategy, state = self.strategy, self.state
+        if comp.ok:
+            if "nonfinite-replicas" in comp.metrics:
+                freeze(state, comp.metrics["nonfinite-replicas"], t)
+            state.window.add(comp.metrics)
+            if comp.carried and strategy.reply == "model":
+                state.carried.update(comp.carried)
+            strategy.on_completion(self, comp)
+        else:
+            strategy.on_rejected(self, comp)
+        for obs in self.manager.observers:
+            obs.handled(comp, state.x)
+        self.check(state, self.manager, comp)
+
+    def evaluate(self, t: float) -> None:
+        manager, state = self.manager, self.state
+        online = [manager.membership.roster.node_ids[w] for w in manager.online_workers()]
+        self.evaluations.point(state, t, manager.summary(t), lambda: self.layout.to_record(state.x, state.carried),
+                               online, self.strategy.stored_vectors(), self.by_time)
+
+    # ---------------------------------------------------------------- checkpoints
+    def _plan_checkpoints(self) -> None:
+        if self.plan is not None:
+            every, now = self.plan.every, self.manager.clock.now
+            self.next_checkpoint = (math.floor(now / every) + 1) * every
+
+    def save_checkpoint(self) -> None:
+        """Write the run's state (books balanced first); the next one is due ``every`` later."""
+        assert self.plan is not None
+        self.evaluations.drain(self.state, block=True)
+        self.manager.books.check_balance()
+        self.state.manager = self.manager.state()
+        save(self.plan, self.state)
+        self.state.manager = None
+        self._plan_checkpoints()
+        log.info("checkpoint at t=%g (%d updates): %s", self.manager.clock.now, self.manager.version, self.plan.path)
+
+    def _resume(self) -> None:
+        """Go on from the plan's checkpoint (``AsyncClientManager.resume`` says what happens to the jobs
+        that were in flight)."""
+        assert self.plan is not None
+        strategy, manager = self.strategy, self.manager
+        loaded = load(self.plan, type(strategy.state))
+        if loaded.x.shape != self.state.x.shape or loaded.x.dtype != self.state.x.dtype:
+            raise CheckpointError(f"{self.plan.path}: its model does not have the layout of this run's")
+        try:
+            lost = manager.resume(loaded.manager, strategy.target_weights(), self.connect_args[1])
+            strategy.check_state(loaded.algorithm, manager.num_workers, loaded.x)
+        except ValueError as exc:
+            raise CheckpointError(f"{self.plan.path}: {exc}") from None
+        loaded.manager = None
+        self.state = loaded
+        strategy.state = loaded.algorithm
+        self._plan_checkpoints()
+        if manager.source.virtual:
+            log.info("resumed from %s at t=%g (%d updates)", self.plan.path, manager.clock.now, manager.version)
+            return
+        for worker in manager.online_workers():
+            strategy.on_joined(self, worker)
+        log.warning("resumed from %s at t=%g (%d updates): %d jobs in flight counted as lost, %d of %d workers "
+                    "online", self.plan.path, manager.clock.now, manager.version, lost, len(manager.online_workers()),
+                    manager.num_workers)

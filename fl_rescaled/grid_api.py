@@ -1,0 +1,113 @@
+"""What the strategies need of a Grid beyond Flower's API, declared once, and the helpers around it.
+
+Flower's ``Grid`` pushes messages, pulls the replies that are ready and lists the nodes. An
+asynchronous run can use a little more, when the Grid offers it (``AsyncGrid``):
+
+- ``virtual_time``: replies are computed when pulled (an in-process Grid), so the run can use the
+  virtual clock;
+- ``node_config(node_id)``: a node's config (its ``tau`` on the virtual clock);
+- ``wait_messages(ids, timeout)``: block until replies are ready, instead of polling;
+- ``discard_messages(ids)``: forget messages whose replies are no longer wanted (cancelled jobs);
+- ``submit(fn, *args)``: run ``fn`` on the Grid's thread pool (the central evaluation), or None.
+
+``InProcessGrid`` implements all of it. ``as_async_grid`` wraps any other Grid (Flower's own
+runtimes) in ``FlowerGrid``, which adds the defaults: the wall clock, empty node configs, a sleep
+of ``poll_interval`` for a wait, nothing to discard, no pool. ``collect_replies`` is the one loop
+that waits for a set of replies (jobs on the virtual clock, the partition query, federated
+evaluation). ``set_message_id`` is the one place that writes Flower's private message metadata.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from typing import Any, Protocol, runtime_checkable
+
+from flwr.app import Message
+from flwr.serverapp import Grid
+
+
+@runtime_checkable
+class AsyncGrid(Protocol):
+    """A Grid with the extras of the module docstring (``InProcessGrid``, or ``FlowerGrid`` around Flower's)."""
+
+    virtual_time: bool
+
+    def get_node_ids(self) -> Iterable[int]: ...
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]: ...
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]: ...
+
+    def node_config(self, node_id: int) -> dict[str, Any]: ...
+
+    def wait_messages(self, message_ids: Iterable[str], timeout: float | None = None) -> None: ...
+
+    def discard_messages(self, message_ids: Iterable[str]) -> None: ...
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future | None: ...
+
+
+class FlowerGrid:
+    """Flower's Grid (Simulation Engine, deployment) with the ``AsyncGrid`` defaults."""
+
+    virtual_time = False
+
+    def __init__(self, grid: Grid, poll_interval: float = 0.002) -> None:
+        self.grid = grid
+        self.poll_interval = poll_interval
+
+    def get_node_ids(self) -> Iterable[int]:
+        return self.grid.get_node_ids()
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        return self.grid.push_messages(messages)
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return self.grid.pull_messages(message_ids)
+
+    def node_config(self, node_id: int) -> dict[str, Any]:
+        del node_id  # (Flower's ServerApp cannot read a node's config)
+        return {}
+
+    def wait_messages(self, message_ids: Iterable[str], timeout: float | None = None) -> None:
+        del message_ids
+        time.sleep(self.poll_interval if timeout is None else max(0.0, min(self.poll_interval, timeout)))
+
+    def discard_messages(self, message_ids: Iterable[str]) -> None:
+        del message_ids  # a remote computation cannot be stopped; its reply is dropped on arrival
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future | None:
+        return None
+
+
+def as_async_grid(grid: Any, poll_interval: float = 0.002) -> AsyncGrid:
+    """``grid`` itself when it is an ``AsyncGrid``, else Flower's Grid wrapped in ``FlowerGrid``."""
+    if isinstance(grid, AsyncGrid):
+        return grid
+    return FlowerGrid(grid, poll_interval)
+
+
+def collect_replies(grid: AsyncGrid, message_ids: Iterable[str], deadline: float,
+                    on_reply: Callable[[Message], None]) -> set[str]:
+    """Pull the replies to ``message_ids`` as they come, handing each to ``on_reply``, until all
+    have come or ``time.monotonic()`` passes ``deadline``; returns the ids still unanswered."""
+    pending = set(message_ids)
+    while pending:
+        got = list(grid.pull_messages(list(pending)))
+        for rep in got:
+            pending.discard(rep.metadata.reply_to_message_id)
+            on_reply(rep)
+        remaining = deadline - time.monotonic()
+        if not pending or remaining <= 0:
+            break
+        if not got:
+            grid.wait_messages(list(pending), timeout=remaining)
+    return pending
+
+
+def set_message_id(message: Message, message_id: str) -> None:
+    """Give ``message`` its id, as Flower's runtimes do when they store it (Flower's metadata has
+    no public setter: an in-process Grid must write the private field)."""
+    message.metadata.__dict__["_message_id"] = message_id

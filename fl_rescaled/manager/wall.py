@@ -1,0 +1,142 @@
+"""The wall clock's completion source: replies in arrival order, TTLs, nodes that come and go, τ online.
+
+A deployment's jobs finish when their replies arrive. The source hands them over in arrival order;
+a job with no reply within its TTL is lost (``ttl-expired``); every ``node_refresh`` seconds it
+looks for nodes that left or (re)appeared (``Membership``), and returns early when a worker joined
+so the strategy can give it work. Each worker's mean compute time τ_i is estimated online, as an
+exponential moving average (initialised by the first measurement) of the time between its
+deliveries (``interval``) or of its reported compute time (``compute``). A client's report is never
+trusted beyond what the server saw: it is clamped to the time from the job's dispatch to its reply.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from flwr.app import Message
+
+from fl_rescaled.clock import WallClock
+from fl_rescaled.messages import reply_metrics
+from fl_rescaled.stepsizes import TauTable
+
+from .jobs import Job
+from .membership import Membership
+from .transport import Transport
+
+TAU_ESTIMATORS = ("interval", "compute")
+
+
+def reported_compute_time(metrics: dict[str, Any], observed: float) -> float:
+    """The compute time a reply reports (``compute-time``, seconds), clamped to ``observed`` (the
+    seconds from the job's dispatch to its reply); ``observed`` when the report is missing, not a
+    number, not finite or not positive."""
+    reported = metrics.get("compute-time")
+    if isinstance(reported, (int, float)) and not isinstance(reported, bool) and math.isfinite(reported) \
+            and reported > 0:
+        return min(float(reported), observed)
+    return observed
+
+
+class WallSource:
+    virtual = False
+
+    def __init__(self, clock: WallClock, transport: Transport, membership: Membership, *,
+                 tau_estimator: str = "interval", tau_smoothing: float = 0.2, poll_interval: float = 0.002) -> None:
+        if tau_estimator not in TAU_ESTIMATORS:
+            raise ValueError(f"tau_estimator must be one of {TAU_ESTIMATORS}, got {tau_estimator!r}")
+        self.clock = clock
+        self.transport = transport
+        self.membership = membership
+        self.tau_estimator = tau_estimator
+        self.tau_smoothing = tau_smoothing
+        self.poll_interval = poll_interval
+        self.taus = TauTable(0)
+        self.last_delivery = np.zeros(0)  # per worker: time.monotonic() of its last accepted reply
+
+    def tau_table(self, num_workers: int, weights: Sequence[float] | None) -> TauTable:
+        """Estimates that start unknown and come in with the deliveries."""
+        self.last_delivery = np.full(num_workers, math.nan)
+        self.taus = TauTable(num_workers, None, weights)
+        return self.taus
+
+    def dispatched(self, job: Job) -> None:
+        job.start_time = self.clock.now
+
+    def next(self, budget: float) -> tuple[Job, Message | None, float, str | None] | None:
+        """The next reply to arrive (or the oldest job past its TTL, lost); None past ``budget``
+        or when a worker (re)joined (the strategy gives it a job, then asks again)."""
+        transport, membership = self.transport, self.membership
+        while True:
+            if self.clock.now > budget:
+                return None
+            if membership.due():
+                membership.refresh()
+            if membership.joined:
+                return None
+            mid = transport.next_arrival() if transport.inflight else None
+            if mid is not None:
+                return transport.inflight[mid], transport.arrived.pop(mid), self.clock.now, None
+            expired = transport.expired_job()
+            if expired is not None:
+                return expired, None, self.clock.now, "ttl-expired"
+            time.sleep(self.poll_interval)
+
+    @staticmethod
+    def work(job: Job) -> float:
+        """The compute time booked for a finished job (0 until a reply gave one)."""
+        return job.finish_time - job.start_time if math.isfinite(job.finish_time) else 0.0
+
+    def compute_time(self, job: Job, metrics: dict[str, Any]) -> float:
+        """A reply's compute time in time units, clamped to what the server saw."""
+        observed = max(time.monotonic() - job.pushed_at, 1e-9)
+        return reported_compute_time(metrics, observed) / self.clock.time_unit
+
+    def accepted(self, job: Job, metrics: dict[str, Any]) -> float:
+        """An accepted reply: update its worker's τ estimate; returns its compute time."""
+        now = time.monotonic()
+        compute = self.compute_time(job, metrics)
+        job.finish_time = job.start_time + compute
+        if self.tau_estimator == "compute":
+            measured = compute
+        else:  # time between this worker's deliveries (its first: since the job was sent)
+            last = self.last_delivery[job.worker]
+            since = last if not math.isnan(last) else job.pushed_at
+            measured = max(now - since, 1e-9) / self.clock.time_unit
+        self.last_delivery[job.worker] = now
+        old = self.taus.taus[job.worker]
+        a = self.tau_smoothing
+        self.taus.update(job.worker, measured if math.isnan(old) else (1 - a) * old + a * measured)
+        return compute
+
+    def cancel(self, job: Job) -> float | None:
+        """A remote job cannot be stopped, only ignored: the compute time of its reply if it has
+        already come, else None (its reply, if it comes, is booked as wasted work then)."""
+        rep = self.transport.cancel(job)
+        return None if rep is None else self.cancel_reply_time(job, rep)
+
+    def cancel_reply_time(self, job: Job, rep: Message) -> float:
+        """The compute time of a cancelled job's reply (validated and clamped like any other)."""
+        return self.compute_time(job, reply_metrics(rep.content) if rep.has_content() else {})
+
+    def node_gone(self, job: Job) -> None:
+        """``job``'s node is gone for now (until it reappears), unless the worker has already moved
+        to a new node."""
+        if job.node_id == self.membership.roster.node_ids[job.worker]:
+            self.membership.set_online(job.worker, False)
+
+    @staticmethod
+    def busy(done: np.ndarray, t: float) -> np.ndarray:
+        del t
+        return done
+
+    def resume(self, timeout: float) -> list[Job]:
+        """After a checkpoint was read: the jobs that were in flight are forgotten (the nodes may have
+        answered a server that no longer exists; the caller books them as lost) and the nodes are
+        found again. The clock goes on from the checkpoint's time."""
+        jobs = self.transport.forget_inflight()
+        self.membership.rediscover(timeout)
+        return jobs

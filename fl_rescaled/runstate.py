@@ -1,0 +1,157 @@
+"""The run's state, as one explicit record: what a checkpoint holds and a resumed run starts from.
+
+``RunState`` is everything that changes during a run of an asynchronous strategy: the model, the
+evaluation schedule and what was reported so far, the failure counters, the replicas' step sizes,
+the manager's part (``ManagerState``: the clock and its random generators, the books, the roster,
+the τ table, the jobs in flight with the model version each carries) and the strategy's own state
+(a dataclass each strategy declares: buffers, tables, rounds). The driver (``fl_rescaled.driver``)
+owns it; ``to_data``/``from_data`` turn it into JSON plus arrays and back, checked against the
+schema (``fl_rescaled.codec``), for ``fl_rescaled.checkpoints``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .checkpoints import CheckpointError, read_state, write_state
+from .codec import StateError, decode, encode
+from .manager import ManagerState
+from .reporting import MetricWindow
+
+#: Bumped whenever the layout of a run's state changes: older checkpoints are refused by name.
+STATE_VERSION = 2
+
+
+def budgets(time_budget: float | None, num_updates: int | None, eval_every: float | None,
+            num_evaluations: int) -> tuple[float, int | None]:
+    """Validated budgets: (time budget, inf if none; server updates, None if none)."""
+    if time_budget is None and num_updates is None:
+        raise ValueError("give a budget: num_updates (server updates) and/or time_budget (time units)")
+    if time_budget is not None and not (time_budget > 0 and math.isfinite(time_budget)):
+        raise ValueError(f"time_budget must be positive and finite, got {time_budget!r}")
+    if num_updates is not None and (isinstance(num_updates, bool) or int(num_updates) != num_updates
+                                    or num_updates < 1):
+        raise ValueError(f"num_updates must be a positive integer, got {num_updates!r}")
+    if eval_every is not None and not eval_every > 0:
+        raise ValueError("eval_every must be positive")
+    if num_evaluations < 1:
+        raise ValueError("num_evaluations must be at least 1")
+    return (float(time_budget) if time_budget is not None else math.inf,
+            int(num_updates) if num_updates is not None else None)
+
+
+@dataclass
+class EvalSchedule:
+    """When to evaluate: every ``period`` time units, or every ``updates`` server updates."""
+
+    period: float
+    updates: int | None
+    step: int = 0
+    next_time: float = 0.0
+    next_updates: int = 0
+
+    def __post_init__(self) -> None:
+        if self.updates is not None and self.next_updates == 0:
+            self.next_updates = self.updates
+
+    def advance(self, version: int) -> None:
+        self.step += 1
+        self.next_time = self.step * self.period
+        if self.updates is not None:
+            self.next_updates = version + self.updates
+
+    def check(self) -> None:
+        if not (self.period > 0) or self.step < 0 or (self.updates is not None and self.updates < 1):
+            raise ValueError("evaluation schedule: a positive period or update count")
+
+
+@dataclass
+class RunState:
+    """See the module docstring. ``algorithm`` is the strategy's state (its own dataclass)."""
+
+    x: np.ndarray
+    carried: dict[str, np.ndarray]
+    schedule: EvalSchedule
+    window: MetricWindow
+    history: list[dict[str, Any]] = field(default_factory=list)
+    train_metrics: dict[int, dict[str, Any]] = field(default_factory=dict)
+    server_metrics: dict[int, dict[str, Any]] = field(default_factory=dict)
+    client_metrics: dict[int, dict[str, Any]] = field(default_factory=dict)
+    answered: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # workers heard from
+    consecutive: int = 0  # replies rejected in a row
+    replica_lrs: np.ndarray | None = None  # batched runs: each replica's α (0: frozen)
+    frozen: dict[int, float] = field(default_factory=dict)  # replica -> time its gradient went non-finite
+    manager: ManagerState | None = None  # (filled when the state is written or read)
+    algorithm: Any = field(default=None, metadata={"transient": True})
+
+    def check(self) -> None:
+        if self.x.ndim != 1 or self.x.dtype.kind != "f":
+            raise ValueError("the model must be a flat float vector")
+        if self.replica_lrs is not None and (self.replica_lrs.ndim != 1 or not np.isfinite(self.replica_lrs).all()):
+            raise ValueError("replica step sizes must be finite")
+        if self.consecutive < 0 or any(not math.isfinite(t) for t in self.frozen.values()):
+            raise ValueError("bad failure counters")
+
+
+def to_data(state: RunState) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """``state`` (with its ``manager`` and ``algorithm`` filled in) as (JSON-able tree, arrays)."""
+    arrays: dict[str, np.ndarray] = {}
+    tree = {"run": encode(state, arrays, "run"), "algorithm": encode(state.algorithm, arrays, "algorithm")}
+    return tree, arrays
+
+
+def from_data(tree: Any, arrays: dict[str, np.ndarray], algorithm_type: type) -> RunState:
+    """The ``RunState`` of ``to_data``, its strategy state of ``algorithm_type``; ``StateError``
+    (one line, naming the field) when anything does not match the schema."""
+    if not isinstance(tree, dict) or set(tree) != {"run", "algorithm"}:
+        raise StateError("state: expected the run's and the strategy's records")
+    state = decode(RunState, tree["run"], arrays, "run")
+    if state.manager is None:
+        raise StateError("run.manager: missing")
+    state.algorithm = decode(algorithm_type, tree["algorithm"], arrays, "algorithm")
+    return state
+
+
+@dataclass(frozen=True)
+class Checkpointing:
+    """Where and how often a run writes its state, and whether it starts from it.
+
+    ``fingerprint`` identifies the run (its settings, strategy and model): a checkpoint written
+    under another fingerprint is refused. ``every``: time units between checkpoints.
+    """
+
+    path: Path
+    every: float
+    fingerprint: str
+    resume: bool = False
+
+    def covering(self, strategy: Any, layout: Any, budget: float, max_updates: int | None) -> Checkpointing:
+        """This plan with a fingerprint that also covers the strategy, its options, the model's layout
+        and the budgets: a checkpoint of any other run is refused."""
+        what = {"run": self.fingerprint, "strategy": type(strategy).__name__,
+                "options": {k: repr(v) for k, v in strategy.describe().items()}, "model": layout.describe(),
+                "budget": repr(budget), "updates": max_updates}
+        digest = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
+        return Checkpointing(self.path, self.every, digest, self.resume)
+
+
+def save(plan: Checkpointing, state: RunState) -> None:
+    """Write ``state`` (its ``manager`` and ``algorithm`` filled in) to ``plan.path``, atomically."""
+    tree, arrays = to_data(state)
+    write_state(plan.path, tree, arrays, plan.fingerprint, STATE_VERSION)
+
+
+def load(plan: Checkpointing, algorithm_type: type) -> RunState:
+    """The state ``save`` wrote for this run; ``CheckpointError`` (one line) for anything else."""
+    tree, arrays = read_state(plan.path, plan.fingerprint, STATE_VERSION)
+    try:
+        return from_data(tree, arrays, algorithm_type)
+    except StateError as exc:
+        raise CheckpointError(f"{plan.path}: the run state does not match this version's schema: {exc}") from None
