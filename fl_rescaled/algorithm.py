@@ -36,6 +36,10 @@ class Run(Protocol):
         """True on the virtual clock (every worker always online)."""
 
     @property
+    def seed(self) -> int:
+        """The run's seed (for the algorithm's own random choices)."""
+
+    @property
     def taus(self) -> TauTable:
         """The τ estimates the stepsize rules read."""
 

@@ -23,7 +23,9 @@ from typing import Any
 from . import experiment, flower_sim, paper
 from .checkpoints import CheckpointError
 from .errors import RunFailed, one_line
-from .runspec import RunSpec, spec_fields
+from .manager import ManagerSettings
+from .runspec import RunSpec, manager_settings, run_settings
+from .settings import Setting
 from .strategies import STRATEGIES, options
 
 #: Flags of RunSpec fields handled by the command line itself.
@@ -51,14 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strategy", default=None,
                    help=f"{' | '.join(STRATEGIES)} | all (default: rescaled and vanilla, compared)")
     run = p.add_argument_group("the run (RunSpec)")
-    for f in spec_fields():
+    for f in run_settings():
         if f.name not in _SPECIAL:
-            default = f"; default {f.default}" if f.default not in (None, "", False) else ""
-            if f.kind == "bool":
-                run.add_argument(f"--{f.key}", action="store_true", default=None, help=f.help)
-            else:
-                run.add_argument(f"--{f.key}", type=_typed(f.parse), default=None, metavar=f.kind.upper(),
-                                 help=f"{f.help}{default}")
+            _add_option(run, f)
+    manager = p.add_argument_group("the client manager (ManagerSettings)")
+    for f in manager_settings():
+        _add_option(manager, f)
     common = p.add_argument_group("options of every strategy (AsyncStrategy)")
     for o in options.common_options():
         if o.name != "lr":  # (a RunSpec field)
@@ -77,9 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _add_option(group, o: options.Option) -> None:
-    default = f" (default {o.default})" if o.default is not None else ""
-    dest = f"opt:{o.strategy or ''}:{o.name}"
+def _add_option(group, o: Setting) -> None:
+    """A flag whose destination says whose setting it is: ``run:eval_every``, ``manager:tau_smoothing``,
+    ``opt::jobs_per_node`` (every strategy), ``opt:fedbuff:buffer_size``."""
+    default = f" (default {o.default})" if o.default not in (None, "", False) else ""
+    dest = (f"{o.owner}:{o.name}" if o.owner in ("run", "manager")
+            else f"opt:{'' if o.owner == 'common' else o.owner}:{o.name}")
     if o.kind == "bool":
         group.add_argument(f"--{o.key}", dest=dest, action="store_true", default=None, help=o.help + default)
     else:
@@ -98,8 +101,9 @@ def specs_from_args(args: argparse.Namespace) -> list[RunSpec]:
     else:
         raise ValueError(f"unknown strategy {args.strategy!r}; choose one of {', '.join(STRATEGIES)} or all")
     given = {k: v for k, v in vars(args).items() if v is not None}
-    fields = {f.name: given[f.key.replace("-", "_")] for f in spec_fields()
-              if f.name not in _SPECIAL and f.key.replace("-", "_") in given}
+    fields = {key.split(":")[1]: v for key, v in given.items() if key.startswith("run:")}
+    fields["manager"] = ManagerSettings(**{key.split(":")[1]: v for key, v in given.items()
+                                           if key.startswith("manager:")})
     chosen = set(names)
     for key in given:
         if key.startswith("opt:") and key.split(":")[1] and key.split(":")[1] not in chosen:

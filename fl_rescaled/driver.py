@@ -31,7 +31,7 @@ from .clock import Clock, default_clock
 from .errors import RunFailed, client_error_text
 from .grid_api import as_async_grid
 from .layout import ModelLayout
-from .manager import NODE_GONE, AsyncClientManager, Completion, Job, ManagerObserver
+from .manager import NODE_GONE, AsyncClientManager, Completion, Job, ManagerObserver, ManagerSettings
 from .metrics import ProgressBar
 from .reporting import AsyncResult, EvaluateFn, Evaluations, FederatedEvaluation, MetricWindow
 from .runstate import Checkpointing, EvalSchedule, RunState, budgets, load, save
@@ -165,13 +165,15 @@ class Driver(RunAPI):
                  taus: list[float] | None = None, eval_every: float | None = None, num_evaluations: int = 10,
                  num_workers: int | None = None, partition_query: bool | None = None, progress: bool = False,
                  observers: list[ManagerObserver] | None = None, checkpoint: Checkpointing | None = None,
-                 settings: dict[str, Any] | None = None, replicas: Sequence[float] | None = None) -> None:
+                 settings: ManagerSettings | None = None, replicas: Sequence[float] | None = None,
+                 seed: int = 0) -> None:
         self.strategy = strategy
+        self.seed = int(seed)
         self.budget, self.max_updates = budgets(time_budget, num_updates, eval_every, num_evaluations)
         self.by_time = time_budget is not None
         self.layout, x, carried = ModelLayout.of(initial_arrays)
-        settings = dict(settings or {})
-        self.grid = as_async_grid(grid, settings.get("poll_interval", 0.002))
+        settings = settings or ManagerSettings()
+        self.grid = as_async_grid(grid, settings.poll_interval)
         lrs = None if replicas is None else np.asarray(replicas, np.float64)
         if lrs is not None and (not lrs.size or x.size % lrs.size or not (lrs > 0).all() or not np.isfinite(lrs).all()):
             raise ValueError("replicas: one positive α per replica, and the model the replicas end to end")
@@ -187,7 +189,7 @@ class Driver(RunAPI):
         self.config = strategy.job_config()
         self.plan = None if checkpoint is None else checkpoint.covering(strategy, self.layout, self.budget,
                                                                          self.max_updates)
-        per_partition = taus is not None or strategy.target_weights() is not None or "worker_config" in settings
+        per_partition = taus is not None or strategy.target_weights() is not None or settings.worker_config is not None
         if partition_query is None:
             partition_query = per_partition
         elif per_partition and not partition_query:
@@ -203,7 +205,7 @@ class Driver(RunAPI):
         self.manager = AsyncClientManager(
             self.grid, clock, layout=self.layout, reply=strategy.reply, arrayrecord_key=strategy.arrayrecord_key,
             configrecord_key=strategy.configrecord_key, train_config=cfg, ttl=timeout, observers=observers,
-            replicas=1 if lrs is None else lrs.size, **settings)
+            replicas=1 if lrs is None else lrs.size, settings=settings)
         fed = FederatedEvaluation(self.grid, evaluate_config, timeout, fraction=strategy.fraction_evaluate,
                                   weighted_by_key=strategy.weighted_by_key, arrayrecord_key=strategy.arrayrecord_key,
                                   configrecord_key=strategy.configrecord_key)

@@ -43,13 +43,10 @@ RUNNER_DEFAULTS = {"fraction_evaluate": 0.0}
 
 
 def make_strategy(spec: RunSpec) -> AsyncStrategy:
-    """The strategy a spec names, with α, ``spec.options`` and the runner's defaults (Concurrent
-    ASGD's worker draws are seeded by the run's seed unless its own seed is given)."""
+    """The strategy a spec names, with α, ``spec.options`` and the runner's defaults."""
     values = {**RUNNER_DEFAULTS, **spec.options}
     if spec.lr is not None:
         values["lr"] = spec.lr
-    if spec.strategy == "concurrent":
-        values.setdefault("seed", spec.seed)
     return options.build(spec.strategy, values)
 
 
@@ -68,23 +65,13 @@ def resolve(spec: RunSpec) -> RunSpec:
 def local_training(spec: RunSpec, strategy: AsyncStrategy) -> dict[str, Any]:
     """The job config of local training when the strategy takes model replies, else {}.
 
-    The local learning rate keeps the α convention (experiments.md) unless ``local_lr`` is set:
-    FedAsync η = γ_V / (mixing · H) and FedBuff η_l = γ_V · K / (η_g · Q), with γ_V = α · τ_H /
-    (n · τ_max), so that one update moves the model like one Vanilla ASGD step; the ASGD family
-    η = 1 / H, so that the pseudo-gradient is the mean of the H local gradients and the server's
-    own stepsize stays the method's.
+    The local learning rate keeps the α convention (experiments.md) unless ``local_lr`` is set: the
+    strategy's ``local_lr`` hook gives it from Vanilla ASGD's step γ_V = α · τ_H / (n · τ_max).
     """
     if strategy.reply != "model":
         return {}
     H = spec.local_steps
-    if spec.local_lr is not None:
-        lr = spec.local_lr
-    elif spec.strategy == "fedasync":
-        lr = vanilla_stepsize(spec.taus, strategy.lr) / (strategy.mixing * H)
-    elif spec.strategy == "fedbuff":
-        lr = vanilla_stepsize(spec.taus, strategy.lr) * strategy.K / (strategy.server_lr * H)
-    else:
-        lr = 1.0 / H
+    lr = spec.local_lr if spec.local_lr is not None else strategy.local_lr(vanilla_stepsize(spec.taus, strategy.lr), H)
     return {"mode": "local", "local-steps": H, "local-lr": float(lr), "prox": spec.prox}
 
 
@@ -186,14 +173,14 @@ def _start(spec: RunSpec, cfg: dict[str, Any], task, strategy: AsyncStrategy, x0
         grid = InProcessGrid(client_app, spec.num_clients, seed=spec.seed, threaded=spec.clock == "wall",
                              workers=spec.workers if spec.clock == "virtual" else 1, ahead=spec.ahead)
     train_config: dict[str, Any] = {"task": task_spec(cfg), **local_training(spec, strategy)}
-    settings: dict[str, Any] = {"tau_estimator": spec.tau_estimator}
+    settings = spec.manager
     if clock is None:
         clock = WallClock(spec.time_unit) if spec.clock == "wall" else VirtualClock(
             DelayModel(spec.taus, spec.delays, spec.seed))
     if not clock.virtual and spec.emulate:
         # Clients sleep τ_i time units per job (τ_i from their node config if set there, else this).
         train_config.update({"emulate": spec.emulate, "time-unit": spec.time_unit})
-        settings["worker_config"] = [{"tau": float(t)} for t in spec.taus]
+        settings = dataclasses.replace(settings, worker_config=[{"tau": float(t)} for t in spec.taus])
     wall0 = time.perf_counter()
     with _quiet_strategy_log():
         strategy.start(
@@ -204,6 +191,7 @@ def _start(spec: RunSpec, cfg: dict[str, Any], task, strategy: AsyncStrategy, x0
             timeout=spec.ttl,
             settings=settings,
             replicas=replicas,
+            seed=spec.seed,
             evaluate_fn=make_evaluate_fn(task),
             clock=clock,
             eval_every=spec.eval_every or spec.budget / 200.0,

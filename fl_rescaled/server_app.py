@@ -17,7 +17,8 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from .experiment import RunSpec, run, to_json
-from .runspec import spec_fields
+from .manager import ManagerSettings
+from .runspec import manager_settings, run_settings
 from .strategies import options
 
 log = logging.getLogger("flwr.fl_rescaled")
@@ -32,23 +33,23 @@ RESULT_PREFIX = "fl-rescaled result: "
 
 def run_config_keys() -> set[str]:
     """Every key the ServerApp reads (what ``[tool.flwr.app.config]`` must declare)."""
-    return {f.key for f in spec_fields()} | {STRATEGY_OPTIONS_KEY}
+    return {f.key for f in run_settings() + manager_settings()} | {STRATEGY_OPTIONS_KEY}
 
 
 def spec_from_run_config(cfg: dict[str, Any]) -> RunSpec:
     """Map a Flower run config onto a ``RunSpec``; raises ValueError naming a bad key or value."""
-    by_key = {f.key: f for f in spec_fields()}
-    values: dict[str, Any] = {}
+    by_key = {f.key: f for f in run_settings() + manager_settings()}
+    values: dict[str, dict[str, Any]] = {"run": {}, "manager": {}}
     for key, value in cfg.items():
         if key == STRATEGY_OPTIONS_KEY:
             continue
         if key not in by_key:
             raise ValueError(f"unknown run-config key {key!r}; the keys are {', '.join(sorted(run_config_keys()))}")
         if isinstance(value, str) and value.strip() == "":
-            continue  # the field's default
+            continue  # the field's default (Flower requires every key to be declared: "" leaves it unset)
         f = by_key[key]
-        values[f.name] = f.parse(str(value) if not isinstance(value, list) else ",".join(map(str, value)))
-    spec = RunSpec(**values)
+        values[f.owner][f.name] = f.parse(str(value) if not isinstance(value, list) else ",".join(map(str, value)))
+    spec = RunSpec(**values["run"], manager=ManagerSettings(**values["manager"]))
     spec.options = options.parse_options(spec.strategy, str(cfg.get(STRATEGY_OPTIONS_KEY, "")))
     return spec
 

@@ -26,7 +26,7 @@ from flwr.serverapp.strategy import Strategy
 from fl_rescaled.clock import Clock
 from fl_rescaled.algorithm import Run
 from fl_rescaled.driver import Driver
-from fl_rescaled.manager import Completion, ManagerObserver
+from fl_rescaled.manager import Completion, ManagerObserver, ManagerSettings
 from fl_rescaled.reporting import AsyncResult, EvaluateFn
 from fl_rescaled.runstate import Checkpointing
 from fl_rescaled.stepsizes import vanilla
@@ -170,6 +170,13 @@ class AsyncStrategy(Strategy):
     def describe(self) -> dict[str, Any]:
         return {"strategy": self.name, "lr": self.lr, "reply": self.reply}
 
+    def local_lr(self, gamma_v: float, steps: int) -> float:
+        """The local learning rate of ``steps`` local SGD steps per job (model replies) under the α
+        convention, given Vanilla ASGD's step γ_V: here 1 / H, so that the pseudo-gradient is the
+        mean of the H local gradients and the server's own stepsize stays the method's."""
+        del gamma_v
+        return 1.0 / steps
+
     @staticmethod
     def vanilla_gamma(lr: float, run: Run) -> float:
         """Vanilla ASGD's step α · τ_H / (n · τ_max) over the current τ estimates: the base step of
@@ -217,8 +224,9 @@ class AsyncStrategy(Strategy):
         progress: bool = False,
         observers: list[ManagerObserver] | None = None,
         checkpoint: Checkpointing | None = None,
-        settings: dict[str, Any] | None = None,
+        settings: ManagerSettings | None = None,
         replicas: Sequence[float] | None = None,
+        seed: int = 0,
     ) -> AsyncResult:
         """Run the asynchronous loop until a budget is spent; return Flower's ``Result``.
 
@@ -268,14 +276,17 @@ class AsyncStrategy(Strategy):
             Write the run's whole state to ``checkpoint.path`` every ``checkpoint.every`` time units
             (atomically, books checked); with ``resume=True`` go on from the state there instead of
             starting. A corrupted, foreign or hostile checkpoint raises ``CheckpointError``.
-        settings : dict, optional
-            The client manager's settings (``AsyncClientManager``'s keywords: ``tau_estimator``,
-            ``tau_smoothing``, ``poll_interval``, ``node_refresh``, ``worker_config``).
+        settings : ManagerSettings, optional
+            The client manager's settings (``fl_rescaled.manager.ManagerSettings``: how τ is
+            estimated on the wall clock, how often Flower's Grid is polled, ...).
         replicas : sequence of float, optional
             Run R replicas that differ only in α in one event loop (``experiment.run_batch``): the
             model is their flat vectors end to end and each event applies replica r's step
             α_r · γ, with γ the step of α = 1 (every stepsize rule is linear in α; build the
             strategy with ``lr=1``).
+        seed : int (default: 0)
+            Seeds the run's own random choices (Concurrent ASGD's worker draws, unless its ``seed``
+            option is set).
 
         Returns
         -------
@@ -294,7 +305,7 @@ class AsyncStrategy(Strategy):
                         evaluate_fn=evaluate_fn, clock=clock, taus=taus, eval_every=eval_every,
                         num_evaluations=num_evaluations, num_workers=num_workers, partition_query=partition_query,
                         progress=progress, observers=observers, checkpoint=checkpoint, settings=settings,
-                        replicas=replicas)
+                        replicas=replicas, seed=seed)
         self.last_run = driver
         layout = driver.layout
         log.info("Starting %s strategy:", type(self).__name__)

@@ -30,7 +30,7 @@ class ConcurrentASGD(AsyncStrategy):
 
     Parameters
     ----------
-    seed : int (default: 0)
+    seed : int, optional (default: the run's seed)
         Seeds the random worker draws (non-negative).
     concurrency : int, optional (default: n)
         τ_C, the number of jobs in flight (1 ≤ τ_C ≤ n).
@@ -42,21 +42,21 @@ class ConcurrentASGD(AsyncStrategy):
     restarts_at_once = False
     State = ConcurrentState
 
-    def __init__(self, *, seed: int = 0, concurrency: int | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, seed: int | None = None, concurrency: int | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if concurrency is not None and (isinstance(concurrency, bool) or int(concurrency) != concurrency
                                         or concurrency < 1):
             raise ValueError(f"concurrency must be a positive integer, got {concurrency!r}")
-        if isinstance(seed, bool) or int(seed) != seed or seed < 0:
+        if seed is not None and (isinstance(seed, bool) or int(seed) != seed or seed < 0):
             raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-        self.seed = int(seed)
+        self.seed = None if seed is None else int(seed)
         self.concurrency = None if concurrency is None else int(concurrency)
 
     def describe(self) -> dict:
         return {**super().describe(), "seed": self.seed, "concurrency": self.concurrency}
 
     def init_state(self, run: Run) -> ConcurrentState:
-        return ConcurrentState(np.random.default_rng((self.seed, 0xC0C0)))
+        return ConcurrentState(np.random.default_rng((run.seed if self.seed is None else self.seed, 0xC0C0)))
 
     def on_start(self, run: Run) -> None:
         rng, n = self.state.rng, run.n

@@ -51,6 +51,10 @@ class FedAsync(AsyncStrategy):
         self.mixing = float(mixing)
         self.staleness, self.a, self.b = staleness, float(a), int(b)
 
+    def local_lr(self, gamma_v: float, steps: int) -> float:
+        """η = γ_V / (mixing · H): one update moves the model like one Vanilla ASGD step."""
+        return gamma_v / (self.mixing * steps)
+
     def describe(self) -> dict:
         return {**super().describe(), "mixing": self.mixing, "staleness": self.staleness, "a": self.a, "b": self.b}
 

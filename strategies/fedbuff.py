@@ -61,6 +61,10 @@ class FedBuff(AsyncStrategy):
         self.server_lr, self.p = float(server_lr), float(staleness_exponent)
         self.discount = polynomial(self.p)  # w(δ) = 1 / (1 + δ)^p
 
+    def local_lr(self, gamma_v: float, steps: int) -> float:
+        """η_l = γ_V · K / (η_g · Q): one server step moves the model like K Vanilla ASGD steps."""
+        return gamma_v * self.K / (self.server_lr * steps)
+
     def describe(self) -> dict:
         return {**super().describe(), "buffer_size": self.K, "server_lr": self.server_lr,
                 "staleness_exponent": self.p}

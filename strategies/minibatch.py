@@ -48,7 +48,7 @@ class MinibatchSGD(AsyncStrategy):
             raise ValueError("Minibatch's running sum does not fit this run")
 
     def stored_vectors(self) -> int:
-        return 1
+        return int(self.state.sum.size > 0)  # the running sum (once a run has started)
 
     def on_start(self, run: Run) -> None:
         for worker in range(run.n):

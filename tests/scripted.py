@@ -33,6 +33,7 @@ class ScriptedRun:
     online: set[int] | None = None
     nodes: list[int] | None = None
     version: int = 0
+    seed: int = 0
     steps: list[Step] = field(default_factory=list)
     sent: list[int] = field(default_factory=list)  # the worker of every job sent, in order (resends too)
     resent: list[int] = field(default_factory=list)  # the worker of every resend
@@ -116,7 +117,9 @@ class ScriptedRun:
         return comp
 
     def start(self, strategy: Any) -> Any:
-        """What the driver does at a run's start: a fresh state, then ``on_start``."""
+        """What the driver does at a run's start: the strategy's target weights in the τ table, a
+        fresh state, then ``on_start``."""
+        self.taus.set_weights(strategy.target_weights())
         strategy.state = strategy.init_state(self)
         strategy.on_start(self)
         return strategy

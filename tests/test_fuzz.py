@@ -40,8 +40,7 @@ from fl_rescaled.manager import OnEvent
 from fl_rescaled import DelayModel, FedBuff, InProcessGrid, MaleniaSGD, RescaledASGD, RunFailed, VirtualClock
 from fl_rescaled import cli
 from fl_rescaled.layout import encode_array
-from fl_rescaled.runspec import spec_fields
-from fl_rescaled.server_app import STRATEGY_OPTIONS_KEY, spec_from_run_config
+from fl_rescaled.server_app import STRATEGY_OPTIONS_KEY, run_config_keys, spec_from_run_config
 from fl_rescaled.strategies import STRATEGIES, options
 
 REPLIES_PER_SETUP = 300
@@ -331,7 +330,7 @@ def test_any_command_line_parses_or_exits_2_with_one_line(pairs):
         assert all(t > 0 and math.isfinite(t) for t in spec.taus)
 
 
-CONFIG_KEYS = sorted({f.key for f in spec_fields()} | {STRATEGY_OPTIONS_KEY})
+CONFIG_KEYS = sorted(run_config_keys())
 config_values = st.one_of(numbers, st.booleans(), texts, st.lists(numbers, max_size=3))
 option_strings = st.lists(
     st.tuples(st.sampled_from(sorted({o.key for name in STRATEGIES for o in options.common_options()

@@ -53,7 +53,7 @@ import pytest
 from flwr.app import Array, ArrayRecord
 
 from conftest import quad
-from fl_rescaled.manager import OnEvent
+from fl_rescaled.manager import ManagerSettings, OnEvent
 from fl_rescaled import InProcessGrid, RescaledASGD, WallClock
 from fl_rescaled.clients.client_app import app
 from fl_rescaled.tasks import task_spec
@@ -149,7 +149,7 @@ def run_fifty():
         res = s.start(grid, ArrayRecord({"model": Array(np.zeros(1))}), time_budget=400,
                       train_config={"task": task_spec(cfg), "emulate": "fixed", "time-unit": UNIT},
                       clock=WallClock(UNIT), partition_query=True, observers=[hook],
-                      settings={"worker_config": [{"tau": t} for t in WTAUS]})
+                      settings=ManagerSettings(worker_config=[{"tau": t} for t in WTAUS]))
     finally:
         log.setLevel(level)
         grid.close()

@@ -3,6 +3,8 @@ own trajectory, and a replica that diverges must not touch the others."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
@@ -156,12 +158,11 @@ def test_a_rerun_after_a_freeze_starts_with_every_replica_moving(mnist_cache):
     spec = RunSpec(task="mnist", strategy="rescaled", budget=40, eval_every=20).resolved()
     cfg = {**spec.task_config(), "replica-seeds": [0, 0]}
     task = get_task(cfg)
-    strategy = make_strategy(spec)
-    strategy.set_replicas([1.0, 1e9])
-    _start(spec, cfg, task, strategy, task.initial_params(), None, None)
-    first, frozen = strategy.x.copy(), dict(strategy.frozen_replicas)
+    strategy = make_strategy(dataclasses.replace(spec, lr=1.0))
+    _start(spec, cfg, task, strategy, task.initial_params(), replicas=[1.0, 1e9])
+    first, frozen = strategy.last_run.x.copy(), dict(strategy.last_run.state.frozen)
     assert list(frozen) == [1]
-    _start(spec, cfg, task, strategy, task.initial_params(), None, None)
+    _start(spec, cfg, task, strategy, task.initial_params(), replicas=[1.0, 1e9])
     # The second run applies replica 1's α again until it diverges at the same event.
-    assert strategy.frozen_replicas == frozen
-    np.testing.assert_array_equal(strategy.x, first)
+    assert strategy.last_run.state.frozen == frozen
+    np.testing.assert_array_equal(strategy.last_run.x, first)

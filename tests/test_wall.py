@@ -14,7 +14,7 @@ from flwr.app import Array, ArrayRecord
 from fl_rescaled.clients.client_app import app
 from fl_rescaled import InProcessGrid, MaleniaSGD, MinibatchSGD, RescaledASGD, RingleaderASGD, WallClock
 from fl_rescaled.experiment import RunSpec, run
-from fl_rescaled.manager import OnEvent
+from fl_rescaled.manager import ManagerSettings, OnEvent
 from fl_rescaled.tasks import task_spec
 
 B = [0.0, 3.0, 6.0]
@@ -38,7 +38,7 @@ def test_rescaled_online_tau_is_unbiased_vanilla_is_frequency_weighted():
 
 
 def test_compute_time_estimator_also_works():
-    r = wall("rescaled", tau_estimator="compute")
+    r = wall("rescaled", manager=ManagerSettings(tau_estimator="compute"))
     assert abs(r["final_params"][0] - 3.0) < 0.2
 
 
@@ -68,8 +68,8 @@ def run_with_outage(strategy, down_for: float):
         res = strategy.start(grid, ArrayRecord({"model": Array(np.zeros(1))}), time_budget=200,
                              train_config={"task": task_spec(cfg), "emulate": "fixed", "time-unit": 0.02},
                              clock=WallClock(0.02), timeout=5.0,
-                             observers=[on_event], settings={"worker_config": [{"tau": 1.0}, {"tau": 2.0}, {"tau": 4.0}],
-                                              "node_refresh": 0.2})
+                             observers=[on_event], settings=ManagerSettings(worker_config=[{"tau": 1.0}, {"tau": 2.0}, {"tau": 4.0}],
+                                                                      node_refresh=0.2))
     finally:
         t.join()
         grid.close()
@@ -173,8 +173,8 @@ def test_a_client_that_lies_about_its_compute_time_gains_nothing():
         try:
             s.start(grid, ArrayRecord({"model": Array(np.zeros(1))}), time_budget=200,
                     train_config={"task": task_spec(cfg), "emulate": "fixed", "time-unit": 0.02},
-                    clock=WallClock(0.02), settings={"tau_estimator": "compute",
-                                                     "worker_config": [{"tau": t} for t in (1.0, 2.0, 4.0)]})
+                    clock=WallClock(0.02), settings=ManagerSettings(tau_estimator="compute",
+                                                             worker_config=[{"tau": t} for t in (1.0, 2.0, 4.0)]))
         finally:
             grid.close()
         return s

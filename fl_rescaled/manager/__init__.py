@@ -6,6 +6,7 @@ from .manager import AsyncClientManager, ManagerState
 from .membership import Membership, Roster
 from .observers import ManagerObserver, OnEvent
 from .selection import SameWorker, Selector
+from .settings import ManagerSettings
 from .transport import Transport
 from .virtual import VirtualSource
 from .wall import WallSource, reported_compute_time
@@ -17,6 +18,7 @@ __all__ = [
     "Completion",
     "Job",
     "ManagerObserver",
+    "ManagerSettings",
     "ManagerState",
     "OnEvent",
     "Membership",

@@ -38,6 +38,7 @@ from .jobs import NODE_GONE, Completion, Job, zero_nonfinite_replicas
 from .membership import Membership, Roster
 from .observers import ManagerObserver
 from .selection import SameWorker, Selector
+from .settings import ManagerSettings
 from .transport import Transport
 from .virtual import VirtualSource
 from .wall import WallSource
@@ -72,9 +73,8 @@ class AsyncClientManager:
 
     def __init__(self, grid: AsyncGrid, clock: VirtualClock | WallClock, *, layout: ModelLayout,
                  reply: str = "gradient", arrayrecord_key: str = "arrays", configrecord_key: str = "config",
-                 train_config: dict[str, Any] | None = None, ttl: float = 3600.0, tau_estimator: str = "interval",
-                 tau_smoothing: float = 0.2, poll_interval: float = 0.002, node_refresh: float = 2.0,
-                 worker_config: list[dict[str, Any]] | None = None, observers: list[ManagerObserver] | None = None,
+                 train_config: dict[str, Any] | None = None, ttl: float = 3600.0,
+                 settings: ManagerSettings | None = None, observers: list[ManagerObserver] | None = None,
                  replicas: int = 1, selector: Selector | None = None) -> None:
         if reply not in ("gradient", "model"):
             raise ValueError(f"reply must be 'gradient' or 'model', got {reply!r}")
@@ -82,7 +82,8 @@ class AsyncClientManager:
         self.layout = layout
         self.reply = reply
         self.train_config = dict(train_config or {})
-        self.worker_config = worker_config  # extra per-worker job config (e.g. emulated τ_i)
+        settings = settings or ManagerSettings()
+        self.worker_config = settings.worker_config  # extra per-worker job config (e.g. emulated τ_i)
         self.observers: list[ManagerObserver] = list(observers or [])
         self.replicas = replicas  # batched runs: the model is this many replicas end to end
         self.selector: Selector = selector or SameWorker()
@@ -90,13 +91,13 @@ class AsyncClientManager:
         self.transport = Transport(grid, ttl=ttl, arrayrecord_key=arrayrecord_key, configrecord_key=configrecord_key)
         self.transport.on_stray = lambda reason: self.books.record_stray(reason)
         self.transport.on_cancelled_reply = self._cancelled_reply
-        self.membership = Membership(grid, self.transport, ttl=ttl, node_refresh=node_refresh)
+        self.membership = Membership(grid, self.transport, ttl=ttl, node_refresh=settings.node_refresh)
         self.membership.has_jobs = lambda worker: bool(self.books.in_flight[worker])
         self.membership.on_online = lambda worker, online: self.taus.set_active(worker, online)
         self.source: VirtualSource | WallSource = (
             VirtualSource(clock, self.transport, self.observers) if clock.virtual else
-            WallSource(clock, self.transport, self.membership, tau_estimator=tau_estimator,
-                       tau_smoothing=tau_smoothing, poll_interval=poll_interval))
+            WallSource(clock, self.transport, self.membership, tau_estimator=settings.tau_estimator,
+                       tau_smoothing=settings.tau_smoothing, poll_interval=settings.poll_interval))
         self.taus = TauTable(0)
         self._next_job_id = 0
         self._encoded: tuple[int, ArrayRecord] | None = None  # (version, encoded model)

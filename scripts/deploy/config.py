@@ -11,11 +11,11 @@ from pathlib import Path
 from click import ClickException
 from flwr.common.config import parse_config_args
 
-from fl_rescaled.runspec import spec_fields
+from fl_rescaled.runspec import run_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 DESCRIPTION = "Run the fl-rescaled Flower app on a local deployment: one SuperLink and N SuperNodes."
-TAUS = next(f for f in spec_fields() if f.key == "taus")  # the run config's own parser of ``taus``
+TAUS = next(f for f in run_settings() if f.key == "taus")  # the run config's own parser of ``taus``
 
 
 def parse_nodes(text: str) -> tuple[int, ...]:
