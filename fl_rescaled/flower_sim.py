@@ -17,6 +17,9 @@ and ``run_on_flower_engine(server_app, client_app, ...)`` runs a user's app pair
 ``fl_rescaled.run_inprocess`` does on the in-process Grid. Both pass ``run_config`` to the ServerApp's
 and every ClientApp's ``Context`` (Flower's ``run_simulation`` leaves them empty).
 
+All of these take ``ray_address`` (default: the ``RAY_ADDRESS`` environment variable) to run the
+ClientApp actors on a running, possibly multi-node, Ray cluster instead (``docs/ray_cluster.md``).
+
 Environment: importing ``fl_rescaled`` (before ``flwr``) applies ``fl_rescaled.OFFLINE_ENV``: Flower's
 telemetry and update check and Ray's usage statistics off unless the user set them.
 """
@@ -24,6 +27,7 @@ telemetry and update check and Ray's usage statistics off unless the user set th
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import warnings
@@ -99,19 +103,26 @@ class _AbortableGrid(Grid):
         return self._inner.send_and_receive(messages, timeout=timeout)
 
 
-def backend_config(num_cpus: int = 2, *, verbose: bool = False) -> dict[str, Any]:
+def backend_config(num_cpus: int = 2, *, verbose: bool = False, address: str | None = None) -> dict[str, Any]:
     """The Ray backend settings: ``num_cpus`` for Ray in all, one CPU per ClientApp actor.
 
     Our manager waits for one job at a time (virtual clock), so more actors would not make a run
     faster; each actor process loads the task's data once (MNIST: ~200 MB each).
+
+    ``address`` is a running Ray cluster to join (``"host:port"``, ``"auto"``, ``"ray://host:port"``;
+    ``docs/ray_cluster.md``); ``None`` takes the ``RAY_ADDRESS`` environment variable, and without
+    it Ray starts a fresh local instance (``"local"``: never an earlier ``ray start``'s cluster).
+    A joined cluster's nodes declare their own CPUs, so ``num_cpus`` is left out (Ray refuses it).
     """
     if num_cpus < 1:
         raise ValueError("num_cpus must be at least 1")
+    address = address or os.environ.get("RAY_ADDRESS") or "local"
+    resources = {"num_cpus": int(num_cpus), "num_gpus": 0} if address == "local" else {}
     return {
         "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
         "init_args": {
-            "num_cpus": int(num_cpus),
-            "num_gpus": 0,
+            "address": address,
+            **resources,
             "include_dashboard": False,
             "logging_level": logging.INFO if verbose else logging.ERROR,
             "log_to_driver": bool(verbose),
@@ -147,12 +158,14 @@ def simulate(
     run_config: dict[str, Any] | None = None,
     num_cpus: int = 2,
     verbose: bool = False,
+    ray_address: str | None = None,
 ) -> T:
     """Run ``main(grid, context)`` as the ServerApp of a Flower simulation; return what it returns.
 
     ``run_simulation`` runs the ServerApp in a thread of this process, so ``main`` can hand back
     any Python object. ``client_app`` defaults to the project's ClientApp; ``run_config`` is the
-    run config of the ServerApp's and every node's Context. Raises ``FlowerRunError``
+    run config of the ServerApp's and every node's Context; ``ray_address``: a running Ray cluster
+    to run the ClientApps on (``backend_config``'s ``address``). Raises ``FlowerRunError``
     (``__cause__``: the original exception) if ``main`` or the engine failed.
     """
     if num_supernodes < 1:
@@ -190,7 +203,7 @@ def simulate(
                 server_app=server_app,
                 client_app=client_app,
                 num_supernodes=num_supernodes,
-                backend_config=backend_config(num_cpus, verbose=verbose),
+                backend_config=backend_config(num_cpus, verbose=verbose, address=ray_address),
                 verbose_logging=verbose,
             )
     except KeyboardInterrupt:
@@ -212,10 +225,10 @@ def simulate(
 
 def run_on_flower_engine(server_app: ServerApp, client_app: ClientApp, num_supernodes: int, *,
                          run_config: dict[str, Any] | None = None, app_dir: str | None = None,
-                         num_cpus: int = 2, verbose: bool = False) -> Context:
+                         num_cpus: int = 2, verbose: bool = False, ray_address: str | None = None) -> Context:
     """Run a user's ServerApp / ClientApp pair on Flower's Simulation Engine with ``run_config``
     (with ``app_dir``: overrides of the app's ``[tool.flwr.app.config]``); returns the ServerApp's
-    Context. The counterpart of ``fl_rescaled.run_inprocess``."""
+    Context (``ray_address``: as ``simulate``'s). The counterpart of ``fl_rescaled.run_inprocess``."""
     config = app_run_config(app_dir, run_config) if app_dir is not None else dict(run_config or {})
 
     def main(grid: Grid, context: Context) -> Context:
@@ -223,17 +236,18 @@ def run_on_flower_engine(server_app: ServerApp, client_app: ClientApp, num_super
         return context
 
     return simulate(main, num_supernodes=num_supernodes, client_app=client_app, run_config=config,
-                    num_cpus=num_cpus, verbose=verbose)
+                    num_cpus=num_cpus, verbose=verbose, ray_address=ray_address)
 
 
-def run_many_on_flower(specs: Sequence[RunSpec], *, num_cpus: int = 2, verbose: bool = False) -> list[dict[str, Any]]:
+def run_many_on_flower(specs: Sequence[RunSpec], *, num_cpus: int = 2, verbose: bool = False,
+                       ray_address: str | None = None) -> list[dict[str, Any]]:
     """Run ``specs`` one after the other in one Flower simulation; return their outcomes.
 
     The simulation has ``max(num_clients)`` SuperNodes; a run with fewer clients uses the nodes
     with partition ids 0..n-1. Each outcome has the keys of ``experiment.run``'s plus
     ``"engine": "flower"`` and ``"simulation_seconds"`` (the whole simulation, Ray start-up
-    included). Raises ``FlowerRunError`` if a run or the engine failed; its ``outcomes``
-    attribute holds the runs that finished before.
+    included). ``ray_address``: as ``simulate``'s. Raises ``FlowerRunError`` if a run or the
+    engine failed; its ``outcomes`` attribute holds the runs that finished before.
     """
     resolved = [resolve(s) for s in specs]  # validation errors surface before Ray starts
     if not resolved:
@@ -251,7 +265,7 @@ def run_many_on_flower(specs: Sequence[RunSpec], *, num_cpus: int = 2, verbose: 
     t0 = time.perf_counter()
     try:
         simulate(main, num_supernodes=max(int(s.num_clients or 1) for s in resolved), num_cpus=num_cpus,
-                 verbose=verbose)
+                 verbose=verbose, ray_address=ray_address)
     except FlowerRunError as err:
         err.outcomes = list(outcomes)
         if len(resolved) > 1:
@@ -266,12 +280,14 @@ def run_many_on_flower(specs: Sequence[RunSpec], *, num_cpus: int = 2, verbose: 
     return outcomes
 
 
-def run_on_flower(spec: RunSpec, *, num_cpus: int = 2, verbose: bool = False) -> dict[str, Any]:
+def run_on_flower(spec: RunSpec, *, num_cpus: int = 2, verbose: bool = False,
+                  ray_address: str | None = None) -> dict[str, Any]:
     """Run ``spec`` on Flower's Simulation Engine with one SuperNode per client.
 
     Returns the outcome of ``experiment.run`` (same keys) plus ``"engine": "flower"`` and
     ``"simulation_seconds"`` (wall time of the whole simulation, Ray start-up included). Ray gets
-    ``num_cpus`` CPUs; Flower's and Ray's logs are silenced unless ``verbose``. Raises
+    ``num_cpus`` CPUs (``ray_address``: a running Ray cluster instead, as ``simulate``'s); Flower's
+    and Ray's logs are silenced unless ``verbose``. Raises
     ``FlowerRunError`` if the ServerApp or the engine failed, ``ValueError`` for an invalid spec.
     """
-    return run_many_on_flower([spec], num_cpus=num_cpus, verbose=verbose)[0]
+    return run_many_on_flower([spec], num_cpus=num_cpus, verbose=verbose, ray_address=ray_address)[0]
