@@ -22,6 +22,7 @@ from typing import Any
 
 from . import experiment, flower_sim, paper
 from .checkpoints import CheckpointError
+from .data import DataUnavailable
 from .errors import RunFailed, one_line
 from .manager import ManagerSettings
 from .runspec import RunSpec, manager_settings, run_settings
@@ -174,9 +175,12 @@ def main(argv: list[str] | None = None) -> int:
         else:
             outcomes = [experiment.run(spec) for spec in specs]
     except (RunFailed, flower_sim.FlowerRunError) as exc:
+        if isinstance(exc.__cause__, DataUnavailable):  # (on Flower's engine the ServerApp raised it)
+            sys.stderr.write(f"run_sim.py: error: {one_line(exc.__cause__)}\n")
+            return 2
         sys.stderr.write(f"run_sim.py: run failed: {one_line(exc)}\n")
         return 1
-    except CheckpointError as exc:
+    except (CheckpointError, DataUnavailable) as exc:
         sys.stderr.write(f"run_sim.py: error: {one_line(exc)}\n")
         return 2
     if outcomes and outcomes[0].get("data_source") and not args.json:

@@ -93,6 +93,8 @@ def run(spec: RunSpec, grid: Grid | None = None, *, clock: Clock | None = None,
     spec = resolve(spec)
     cfg = spec.task_config()
     task = get_task(cfg)
+    if hasattr(task, "prepare"):  # the data, before the run starts: DataUnavailable here, not in a job
+        task.prepare()
     strategy = make_strategy(spec)
     wall = _start(spec, cfg, task, strategy, task.initial_params(spec.seed, spec.quad_x0), grid, clock, observers)
     _in_gradient_units(spec, strategy)
@@ -132,6 +134,7 @@ def run_batch(spec: RunSpec, lrs: list[float], seeds: list[int]) -> list[dict[st
     spec.seed = int(seeds[0])
     cfg = {**spec.task_config(), "replica-seeds": [int(s) for s in seeds]}
     task = get_task(cfg)
+    task.prepare()  # the data, before the run starts (DataUnavailable)
     strategy = make_strategy(dataclasses.replace(spec, lr=1.0))  # (every rule is linear in α)
     wall = _start(spec, cfg, task, strategy, task.initial_params(), replicas=[float(a) for a in lrs])
     driver = strategy.last_run

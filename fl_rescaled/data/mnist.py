@@ -11,6 +11,8 @@ MNIST_STD = 0.3081
 
 #: Number of training images per digit 0..9 in the standard 60,000-image set.
 MNIST_TRAIN_CLASS_COUNTS = (5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949)
+MNIST_TRAIN_SIZE = 60000
+MNIST_TEST_SIZE = 10000
 
 #: The four arrays of an MNIST set and the standard names of their IDX files.
 IDX_FILES = {
@@ -54,11 +56,12 @@ def check_arrays(
 
 
 def check_full_mnist(data: MnistData) -> None:
-    """Stricter check for downloaded data: the exact standard MNIST sizes and class counts."""
-    if data.train_x.shape != (60000, 784) or data.test_x.shape != (10000, 784):
-        raise ValueError(
-            f"{data.source}: expected 60000/10000 images, got {data.train_x.shape}/{data.test_x.shape}"
-        )
+    """What every source must deliver: the structural checks, the exact standard sizes (60,000
+    training and 10,000 test images) and the standard training class counts."""
+    check_arrays(data.train_x, data.train_y, data.test_x, data.test_y, data.source)
+    if data.train_x.shape != (MNIST_TRAIN_SIZE, 784) or data.test_x.shape != (MNIST_TEST_SIZE, 784):
+        raise ValueError(f"{data.source}: expected {MNIST_TRAIN_SIZE}/{MNIST_TEST_SIZE} images, "
+                         f"got {data.train_x.shape[0]}/{data.test_x.shape[0]}")
     counts = tuple(int(c) for c in np.bincount(data.train_y, minlength=10))
     if counts != MNIST_TRAIN_CLASS_COUNTS:
-        raise ValueError(f"{data.source}: unexpected training class counts {counts}")
+        raise ValueError(f"{data.source}: training class counts {counts}, not MNIST's {MNIST_TRAIN_CLASS_COUNTS}")

@@ -54,6 +54,10 @@ class MnistTask:
         return sum(i * o + o for i, o in self.layers)
 
     # -- data
+    def prepare(self) -> None:
+        """Load the data now (else the first job or evaluation does); DataUnavailable if none."""
+        self._load()
+
     def _load(self) -> None:
         with self._lock:
             if self._parts is not None:

@@ -51,6 +51,11 @@ class ReplicaTask:
     def size(self) -> int:
         return self.replicas * self.base.size
 
+    def prepare(self) -> None:
+        """Load every replica's data now; DataUnavailable if there is none."""
+        for t in self.tasks:
+            t.prepare()
+
     def initial_params(self, seed: int = 0, x0: float = 0.0) -> np.ndarray:
         del seed
         return np.concatenate([t.initial_params(t.seed, x0) for t in self.tasks])
