@@ -19,7 +19,8 @@ SOURCES = {"fl_rescaled": ROOT / "fl_rescaled", "fl_rescaled.strategies": ROOT /
            "fl_rescaled.clients": ROOT / "clients"}
 
 CORE = {"clock", "errors", "layout", "messages", "stepsizes", "manager", "grid", "grid_api", "inprocess", "tasks", "data",
-        "codec", "reporting", "runstate", "driver", "algorithm", "settings",
+        "codec", "reporting", "runstate", "driver", "algorithm", "settings", "delays", "speeds", "availability",
+        "traces",
         "metrics", "checkpoints"}
 APPLICATION = {"runspec", "experiment", "flower_sim", "server_app", "paper"}
 RANK = {"core": 0, "strategies": 1, "clients": 1, "application": 2, "cli": 3}
