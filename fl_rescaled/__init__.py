@@ -38,7 +38,7 @@ from .clock import DEFAULT_TAUS, Clock, DelayModel, VirtualClock, WallClock, tau
 from .errors import RejectedReply, RunFailed  # noqa: E402
 from .grid import InProcessGrid  # noqa: E402
 from .layout import ModelLayout  # noqa: E402
-from .manager import AsyncClientManager, Completion, Job, ManagerObserver  # noqa: E402
+from .manager import AsyncClientManager, Completion, Job, ManagerObserver, ManagerSettings, OnEvent  # noqa: E402
 from .messages import add_partition_query  # noqa: E402
 from .stepsizes import TauTable, delay_adaptive_stepsize, rescaled_stepsize, vanilla_stepsize  # noqa: E402
 from .strategies import (  # noqa: E402
@@ -79,9 +79,11 @@ __all__ = [
     "InProcessGrid",
     "Job",
     "ManagerObserver",
+    "ManagerSettings",
     "MaleniaSGD",
     "MinibatchSGD",
     "ModelLayout",
+    "OnEvent",
     "RejectedReply",
     "RescaledASGD",
     "RingleaderASGD",

@@ -10,7 +10,8 @@ A **job** is a normal ``train`` Message, as Flower's FedAvg sends it:
 
 A **reply** is what a FedAvg ClientApp sends: one ArrayRecord in the same layout (a gradient or the
 trained model, see the strategies' ``reply`` option) and a MetricRecord. It is matched to its job by
-Flower's ``reply_to_message_id``; the client echoes nothing.
+Flower's ``reply_to_message_id``; the client echoes nothing. The client manager validates it
+(``fl_rescaled.manager.manager.read_reply``).
 
 The **partition query** (``query.hello``) is optional: a ClientApp that answers it (one line:
 ``add_partition_query(app)``) tells the server which partition it holds, so workers are numbered by
@@ -24,40 +25,15 @@ from typing import Any
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from .errors import RejectedReply
-from .layout import ModelLayout, array_record_of
 
 JOB_TYPE = "train"
 EVALUATE_TYPE = "evaluate"
 HELLO_TYPE = "query.hello"
 
-#: Job tags the server adds to every job's config (besides the user's ``train_config``).
-JOB_TAGS = ("job-id", "worker", "version", "job-seq", "server-round")
-
 
 def job_content(arrays: ArrayRecord, config: dict[str, Any], arrayrecord_key: str = "arrays",
                 configrecord_key: str = "config") -> RecordDict:
     return RecordDict({arrayrecord_key: arrays, configrecord_key: ConfigRecord(config)})
-
-
-def parse_reply(reply: Message, layout: ModelLayout, *, arrayrecord_key: str = "arrays",
-                carried_required: bool = True, check_finite: bool = True):
-    """Validate a job's reply against the model layout.
-
-    Returns (flat float vector, carried non-float arrays, numeric metrics) or raises
-    ``RejectedReply`` with a reason tag and a message that names what was expected.
-    """
-    if reply.has_error():  # (before the type: Flower answers an expired job with a "system" error)
-        err = reply.error
-        raise RejectedReply(f"error-code-{err.code}", str(err.reason))
-    if reply.metadata.message_type != JOB_TYPE:
-        raise RejectedReply("wrong-type", f"a {reply.metadata.message_type!r} message answers a {JOB_TYPE!r} job")
-    if not reply.has_content():
-        raise RejectedReply("no-content", "the reply carries neither content nor an error")
-    content = reply.content
-    flat, carried = layout.flatten(array_record_of(content, arrayrecord_key), carried_required=carried_required,
-                                   check_finite=check_finite)
-    return flat, carried, reply_metrics(content)
 
 
 def reply_metrics(content: RecordDict) -> dict[str, Any]:

@@ -38,10 +38,6 @@ def harmonic_mean(taus: Sequence[float]) -> float:
     return len(taus) / sum(1.0 / t for t in taus)
 
 
-def equal_weights(n: int) -> tuple[float, ...]:
-    return tuple(1.0 / n for _ in range(n))
-
-
 def check_weights(weights: Sequence[float], n: int) -> tuple[float, ...]:
     """Validate target weights: n non-negative numbers that sum to 1."""
     w = tuple(float(x) for x in weights)

@@ -13,7 +13,7 @@ from fl_rescaled.experiment import RunSpec, run, run_batch
 from fl_rescaled.errors import RejectedReply
 from fl_rescaled.layout import ModelLayout, encode_array
 from fl_rescaled.manager import zero_nonfinite_replicas
-from fl_rescaled.messages import parse_reply
+from fl_rescaled.manager.manager import read_reply
 
 
 def _reply(vec: np.ndarray) -> Message:
@@ -37,7 +37,7 @@ def test_nonfinite_replica_is_zeroed_and_named_not_the_whole_reply():
     assert np.isnan(vec[5])  # a copy: the reply itself is untouched
     layout = ModelLayout.of(ArrayRecord({"model": Array(np.zeros(12, np.float32))}))[0]
     with pytest.raises(RejectedReply) as exc:  # a single run still rejects the reply
-        parse_reply(_reply(vec), layout)
+        read_reply(_reply(vec), layout)
     assert exc.value.reason == "non-finite"
     vec[5] = 1.0
     out, bad = zero_nonfinite_replicas(vec, 3)

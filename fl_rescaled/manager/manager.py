@@ -29,8 +29,8 @@ from flwr.app import ArrayRecord, Message
 from fl_rescaled.clock import VirtualClock, WallClock
 from fl_rescaled.errors import RejectedReply
 from fl_rescaled.grid_api import AsyncGrid
-from fl_rescaled.layout import ModelLayout, all_finite, decode_array, encode_array
-from fl_rescaled.messages import parse_reply
+from fl_rescaled.layout import ModelLayout, all_finite, array_record_of, decode_array, encode_array
+from fl_rescaled.messages import JOB_TYPE, reply_metrics
 from fl_rescaled.stepsizes import TauTable
 
 from .books import Books, is_lost, outcome_of
@@ -61,6 +61,26 @@ class ManagerState:
     next_job_id: int
     jobs: list[Job]  # in flight, in push order
     models: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)  # version -> the model jobs carry
+
+
+def read_reply(reply: Message, layout: ModelLayout, *, arrayrecord_key: str = "arrays",
+                carried_required: bool = True, check_finite: bool = True):
+    """Validate a job's reply against the model layout.
+
+    Returns (flat float vector, carried non-float arrays, numeric metrics) or raises
+    ``RejectedReply`` with a reason tag and a message that names what was expected.
+    """
+    if reply.has_error():  # (before the type: Flower answers an expired job with a "system" error)
+        err = reply.error
+        raise RejectedReply(f"error-code-{err.code}", str(err.reason))
+    if reply.metadata.message_type != JOB_TYPE:
+        raise RejectedReply("wrong-type", f"a {reply.metadata.message_type!r} message answers a {JOB_TYPE!r} job")
+    if not reply.has_content():
+        raise RejectedReply("no-content", "the reply carries neither content nor an error")
+    content = reply.content
+    flat, carried = layout.flatten(array_record_of(content, arrayrecord_key), carried_required=carried_required,
+                                   check_finite=check_finite)
+    return flat, carried, reply_metrics(content)
 
 
 class AsyncClientManager:
@@ -262,7 +282,7 @@ class AsyncClientManager:
         """Validate a reply and fill the completion's update (a direction g), metrics and carried
         arrays; raises ``RejectedReply``."""
         batched = self.replicas > 1
-        flat, carried, metrics = parse_reply(reply, self.layout, arrayrecord_key=self.transport.keys[0],
+        flat, carried, metrics = read_reply(reply, self.layout, arrayrecord_key=self.transport.keys[0],
                                              carried_required=self.reply == "model", check_finite=not batched)
         if self.reply == "model":
             with np.errstate(over="ignore", invalid="ignore"):
