@@ -7,19 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fl_rescaled.strategies import (
-    ConcurrentASGD,
-    DelayAdaptiveASGD,
-    FedAsync,
-    FedBuff,
-    MaleniaSGD,
-    MinibatchSGD,
-    RescaledASGD,
-    RingleaderASGD,
-    VanillaASGD,
-)
 from fl_rescaled.strategies import STRATEGIES
 from scripted import ScriptedRun
+
+RescaledASGD, VanillaASGD, DelayAdaptiveASGD = STRATEGIES["rescaled"], STRATEGIES["vanilla"], STRATEGIES["delay-adaptive"]
+MaleniaSGD, RingleaderASGD, MinibatchSGD = STRATEGIES["malenia"], STRATEGIES["ringleader"], STRATEGIES["minibatch"]
+ConcurrentASGD, FedAsync, FedBuff = STRATEGIES["concurrent"], STRATEGIES["fedasync"], STRATEGIES["fedbuff"]
 
 TAUS = [1.0, 2.0, 4.0]
 
