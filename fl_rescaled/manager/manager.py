@@ -106,7 +106,7 @@ class AsyncClientManager:
         self.worker_config = settings.worker_config  # extra per-worker job config (e.g. emulated τ_i)
         self.observers: list[ManagerObserver] = list(observers or [])
         self.replicas = replicas  # batched runs: the model is this many replicas end to end
-        self.selector: Selector = selector or SameWorker()
+        self.selector: Selector = selector or SameWorker(self.is_online)
         self.books = Books()
         self.transport = Transport(grid, ttl=ttl, arrayrecord_key=arrayrecord_key, configrecord_key=configrecord_key)
         self.transport.on_stray = lambda reason: self.books.record_stray(reason)

@@ -1,26 +1,131 @@
 """Who gets the next job: the seam between a strategy that wants work done and the population.
 
-A strategy asks for "a job on the current model" after a completion (``send_next``); the selector
-decides which worker runs it. ``SameWorker`` gives it to the worker whose job just finished: the
-paper's asynchronous SGD, where every worker is always busy and restarts at once.
+A strategy asks for "a job on the current model" when a slot frees (``send_next``); the selector
+decides which worker runs it, or that none can now (the slot then waits until a worker is back).
+
+- ``SameWorker``: the worker whose job just ended runs the next one. Every worker is always busy:
+  the paper's asynchronous SGD (concurrency C = N, the default).
+- ``UniformIdle``: a worker drawn uniformly, with the run's seeded generator, from the workers that
+  are idle (no job in flight) and online: a population of N clients with at most C training at a
+  time, as FedBuff, Papaya or FLSim run it. The worker whose job just ended is among the candidates.
+
+Selectors are built by name from ``SELECTORS`` (``selector(name, ...)``), as stepsize rules are.
+Drawing is O(1) per job whatever N: the idle workers are kept in an array with each worker's
+position (swap-remove), and an offline draw is redrawn (up to a few times, then the online idle
+workers are listed once).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Protocol
+
+import numpy as np
+
+Online = Callable[[int], bool]
+OnlineMask = Callable[[np.ndarray], np.ndarray]
 
 
 class Selector(Protocol):
     """Chooses the worker of the next job."""
 
-    def next_worker(self, after: int) -> int | None:
-        """The worker that runs the next job, ``after`` the job of worker ``after`` ended (None:
-        nobody now)."""
+    def next_worker(self, after: int | None) -> int | None:
+        """The worker that runs the next job, now that worker ``after``'s job ended (None: a job
+        that follows no other, at the start); None when no worker can take it now."""
+
+    def busy(self, worker: int) -> None:
+        """A job was sent to ``worker``."""
+
+    def idle(self, worker: int) -> None:
+        """``worker`` has no job in flight any more."""
 
 
 class SameWorker:
-    """The worker whose job just ended runs the next one (every worker always busy)."""
+    """The worker whose job just ended runs the next one, if it is online (else the slot waits for
+    it: it gets work again when it comes back)."""
 
-    @staticmethod
-    def next_worker(after: int) -> int | None:
-        return after
+    def __init__(self, online: Online) -> None:
+        self.online = online
+
+    def next_worker(self, after: int | None) -> int | None:
+        if after is None:
+            raise ValueError("every worker is always busy here: a job goes to a named worker")
+        return after if self.online(after) else None
+
+    def busy(self, worker: int) -> None:
+        pass
+
+    def idle(self, worker: int) -> None:
+        pass
+
+
+@dataclass
+class IdlePool:
+    """The idle workers, with O(1) add, remove and uniform draw (an array and each worker's position)."""
+
+    items: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    pos: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # -1: not idle
+    size: int = 0
+
+    @classmethod
+    def all_idle(cls, n: int) -> IdlePool:
+        return cls(np.arange(n, dtype=np.int64), np.arange(n, dtype=np.int64), n)
+
+    def add(self, w: int) -> None:
+        if self.pos[w] < 0:
+            self.items[self.size] = w
+            self.pos[w] = self.size
+            self.size += 1
+
+    def remove(self, w: int) -> None:
+        i = self.pos[w]
+        if i >= 0:
+            last = self.items[self.size - 1]
+            self.items[i] = last
+            self.pos[last] = i
+            self.pos[w] = -1
+            self.size -= 1
+
+    def check(self) -> None:
+        n = len(self.pos)
+        if self.items.shape != (n,) or not 0 <= self.size <= n:
+            raise ValueError("idle pool: sizes do not match")
+        members = self.items[: self.size]
+        if (members < 0).any() or (members >= n).any() or (self.pos[members] != np.arange(self.size)).any():
+            raise ValueError("idle pool: positions do not match")
+
+
+class UniformIdle:
+    """A worker drawn uniformly from the idle, online workers (seeded); see the module docstring."""
+
+    TRIES = 8  # redraws of an offline worker before the online idle workers are listed
+
+    def __init__(self, n: int, rng: np.random.Generator, online: Online, online_mask: OnlineMask,
+                 pool: IdlePool | None = None) -> None:
+        self.rng = rng
+        self.online = online
+        self.online_mask = online_mask
+        self.pool = pool if pool is not None else IdlePool.all_idle(n)
+
+    def next_worker(self, after: int | None) -> int | None:
+        pool = self.pool
+        if pool.size == 0:
+            return None
+        for _ in range(self.TRIES):
+            w = int(pool.items[int(self.rng.integers(pool.size))])
+            if self.online(w):
+                return w
+        idle = pool.items[: pool.size]
+        up = idle[self.online_mask(idle)]
+        return int(up[int(self.rng.integers(up.size))]) if up.size else None
+
+    def busy(self, worker: int) -> None:
+        self.pool.remove(worker)
+
+    def idle(self, worker: int) -> None:
+        self.pool.add(worker)
+
+
+#: Selector names (``--selection``): "same" is the paper's (C = N), "uniform" a population's.
+SELECTORS = ("same", "uniform")
