@@ -64,8 +64,16 @@ class RunAPI:
         return self.manager.source.virtual
 
     @property
+    def concurrency(self) -> int:
+        return self.manager.population.concurrency
+
+    @property
     def taus(self) -> TauTable:
         return self.manager.taus
+
+    @property
+    def compute_taus(self) -> TauTable:
+        return self.manager.compute_taus
 
     def apply(self, worker: int, update: np.ndarray, stepsize: float, booked: float | None = None) -> None:
         x = self.state.x
@@ -85,8 +93,11 @@ class RunAPI:
     def send(self, worker: int) -> None:
         self.manager.send(worker, self.state.x, self.version, self.job_config(), self.state.carried)
 
-    def send_next(self, after: int) -> None:
+    def send_next(self, after: int | None) -> None:
         self.manager.send_next(after, self.state.x, self.version, self.job_config(), self.state.carried)
+
+    def refill(self) -> None:
+        self.manager.refill(self.state.x, self.version, self.job_config(), self.state.carried)
 
     def resend(self, job: Job) -> None:
         self.manager.resend(job, self.job_config())
@@ -199,7 +210,7 @@ class Driver(RunAPI):
         elif taus is not None:
             raise ValueError("give either clock or taus, not both")
         if clock.virtual and num_workers is None:
-            num_workers = clock.delays.num_workers
+            num_workers = clock.delays.num_clients
         self.connect_args = (num_workers, min(timeout, 300.0), partition_query)
         cfg = dict(train_config.items()) if train_config is not None else {}
         self.manager = AsyncClientManager(
@@ -226,7 +237,8 @@ class Driver(RunAPI):
         else:
             num_workers, timeout, partition_query = self.connect_args
             manager.connect(num_workers, timeout=timeout, partition_query=partition_query,
-                            weights=strategy.target_weights())
+                            weights=strategy.target_weights(), min_nodes=strategy.min_available_nodes)
+            manager.populate(strategy.slots(manager.num_workers), self.seed, strategy.target_weights())
             if not partition_query and manager.num_workers > 1:
                 log.warning("workers are numbered by node id (%d nodes); a ClientApp with "
                             "fl_rescaled.add_partition_query numbers them by partition-id", manager.num_workers)
@@ -260,9 +272,13 @@ class Driver(RunAPI):
         comp = None
         while True:
             comp = manager.next_completion(budget)
-            if comp is None and manager.joined:
-                for worker in manager.pop_joined():
-                    self.strategy.on_joined(self, worker)
+            if comp is None and manager.waiting:  # workers came back, or slots waited for them
+                joined = manager.pop_joined()
+                if manager.population.sampled:
+                    self.refill()
+                else:
+                    for worker in joined:
+                        self.strategy.on_joined(self, worker)
                 continue
             t = comp.time if comp is not None else (budget if math.isfinite(budget) else manager.clock.now)
             # Evaluation points strictly before this event see the model as it was; an event at
@@ -337,7 +353,9 @@ class Driver(RunAPI):
         if loaded.x.shape != self.state.x.shape or loaded.x.dtype != self.state.x.dtype:
             raise CheckpointError(f"{self.plan.path}: its model does not have the layout of this run's")
         try:
-            lost = manager.resume(loaded.manager, strategy.target_weights(), self.connect_args[1])
+            weights = strategy.target_weights()
+            lost = manager.resume(loaded.manager, strategy.slots(loaded.manager.books.n), self.seed, weights,
+                                  self.connect_args[1])
             strategy.check_state(loaded.algorithm, manager.num_workers, loaded.x)
         except ValueError as exc:
             raise CheckpointError(f"{self.plan.path}: {exc}") from None

@@ -173,8 +173,11 @@ def _start(spec: RunSpec, cfg: dict[str, Any], task, strategy: AsyncStrategy, x0
         _set_torch_threads(spec.torch_threads)
     if grid is None:
         # On the wall clock every node computes on its own thread, as real nodes would.
+        # Its node ids ascend with the partitions (the project's ClientApp answers the partition
+        # query, but asking every node of a large population would cost more than the run).
         grid = InProcessGrid(client_app, spec.num_clients, seed=spec.seed, threaded=spec.clock == "wall",
-                             workers=spec.workers if spec.clock == "virtual" else 1, ahead=spec.ahead)
+                             workers=spec.workers if spec.clock == "virtual" else 1, ahead=spec.ahead,
+                             ordered_ids=True)
     train_config: dict[str, Any] = {"task": task_spec(cfg), **local_training(spec, strategy)}
     settings = spec.manager
     if clock is None:

@@ -29,9 +29,10 @@ from typing import Any
 
 import numpy as np
 import numpy.lib.format as npy_format
-from flwr.app import Array, ArrayRecord
+from flwr.app import Array, ArrayRecord, Message
 
 from .errors import RejectedReply
+from .messages import JOB_TYPE, reply_metrics
 
 _HEADERS: dict[tuple[str, tuple[int, ...]], bytes] = {}
 
@@ -167,6 +168,16 @@ class ModelLayout:
         carried = {e.key: np.array(values[e.key]) for e in entries if not e.is_float}
         return layout, flat, carried
 
+    def record_of(self, arrays: dict[str, np.ndarray], what: str) -> ArrayRecord:
+        """``arrays`` (a model read from a file) as the record jobs carry; ValueError naming ``what``
+        when they do not fit this layout."""
+        rec = ArrayRecord({k: encode_array(np.asarray(a)) for k, a in arrays.items()})
+        try:
+            self.flatten(rec, check_finite=False)
+        except RejectedReply as exc:
+            raise ValueError(f"{what} does not fit the model: {exc}") from None
+        return rec
+
     def describe(self) -> str:
         parts = [f"{e.key!r}: {e.dtype}{list(e.shape)}" for e in self.entries]
         return "{" + ", ".join(parts) + "}"
@@ -284,3 +295,23 @@ def array_record_of(content: Any, key: str) -> ArrayRecord:
     if not found:
         raise RejectedReply("malformed", f"the reply has no ArrayRecord (expected one named {key!r})")
     raise RejectedReply("malformed", f"the reply has {len(found)} ArrayRecords {found}, none named {key!r}")
+
+
+def read_reply(reply: Message, layout: ModelLayout, *, arrayrecord_key: str = "arrays",
+                carried_required: bool = True, check_finite: bool = True):
+    """Validate a job's reply (Flower's error replies, its type, its arrays against ``layout``).
+
+    Returns (flat float vector, carried non-float arrays, numeric metrics) or raises
+    ``RejectedReply`` with a reason tag and a message that names what was expected.
+    """
+    if reply.has_error():  # (before the type: Flower answers an expired job with a "system" error)
+        err = reply.error
+        raise RejectedReply(f"error-code-{err.code}", str(err.reason))
+    if reply.metadata.message_type != JOB_TYPE:
+        raise RejectedReply("wrong-type", f"a {reply.metadata.message_type!r} message answers a {JOB_TYPE!r} job")
+    if not reply.has_content():
+        raise RejectedReply("no-content", "the reply carries neither content nor an error")
+    content = reply.content
+    flat, carried = layout.flatten(array_record_of(content, arrayrecord_key), carried_required=carried_required,
+                                   check_finite=check_finite)
+    return flat, carried, reply_metrics(content)

@@ -19,6 +19,8 @@ import math
 from collections.abc import Callable, Sequence
 from functools import partial
 
+import numpy as np
+
 Rule = Callable[[float, int, "TauTable", int], float]
 Staleness = Callable[[float, int, int], float]
 
@@ -179,6 +181,7 @@ class TauTable:
         self._heap = [(-t, i) for i, t in enumerate(self.taus)] if self.fixed else []
         heapq.heapify(self._heap)
         self._changes = 0
+        self._median = float(np.median(self.taus)) if self.fixed else math.nan
         self.set_weights(weights)
 
     def set_weights(self, weights: Sequence[float] | None) -> None:
@@ -241,14 +244,64 @@ class TauTable:
             heapq.heappop(heap)  # an entry of a worker that left or has a newer estimate
         self.tau_max = -heap[0][0] if heap else math.nan
         self.tau_h = self.n_known / self._inv_sum if self.n_known else math.nan
+        if self._changes == 0 or math.isnan(self._median):  # (the median: every n changes, or when unknown)
+            known = [t for t, a in zip(self.taus, self.active) if a and not math.isnan(t)]
+            self._median = float(np.median(known)) if known else math.nan
+
+    def reference(self, max_ratio: float | None) -> float:
+        """τ_max, or at most ``max_ratio`` × the median τ (None: no bound)."""
+        if max_ratio is None or not self._median == self._median:  # (no bound, or no median yet)
+            return self.tau_max
+        return min(self.tau_max, max_ratio * self._median)
+
+
+def delivery_periods(taus: Sequence[float], concurrency: int) -> np.ndarray:
+    """Each client's mean time between deliveries, p_i = 1 / f_i, when at most ``concurrency`` (C) of
+    the n clients train at a time and a freed slot goes to a client drawn uniformly from the idle ones.
+
+    Derivation. A client alternates idle waits and jobs of mean length τ_i. There are always n − C
+    idle clients and a slot is refilled uniformly among them (the one that just finished included),
+    so the mean wait W is the same for every client, whatever its τ: p_i = W + τ_i (renewal-reward).
+    Every slot is busy all the time, so Σ_i τ_i / p_i = C (Little's law: the busy clients, counted
+    by their share of time busy). The left side falls from n (W = 0) to 0, so W is the one root;
+    it is found by bisection. With C = n, W = 0 and p_i = τ_i: the paper's setting, where every
+    worker is always busy. (W is exact in the mean-field limit of many clients; for a handful the
+    small correlation between a client's waits and the others' speeds is ignored.)
+    """
+    t = np.asarray(taus, dtype=np.float64)
+    n, c = t.size, int(concurrency)
+    if not 1 <= c:
+        raise ValueError(f"concurrency must be at least 1, got {concurrency!r}")
+    if c >= n:
+        return t.copy()
+    lo, hi = 0.0, float(t.sum()) / c  # Σ τ_i / (W + τ_i) ≤ Σ τ_i / W = C at W = hi
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if float(np.sum(t / (mid + t))) > c:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-15 * max(1.0, hi):
+            break
+    return t + 0.5 * (lo + hi)
 
 
 # ------------------------------------------------------------------------------- rule factories
-def rescaled() -> Rule:
+def rescaled(max_ratio: float | None = None) -> Rule:
     """Rescaled ASGD: γ_i = α · w_i · τ_i / τ_max, with the table's target weights w_i (renormalised
     over the active workers; equal by default). Worker i's steps then add up to α · w_i per τ_max
-    whatever its speed. (A reply of a worker that has just left still counts with its own τ.)"""
-    return _rescaled
+    whatever its speed. (A reply of a worker that has just left still counts with its own τ.)
+
+    ``max_ratio`` bounds the steps when one worker's τ (its time between deliveries) is far above the
+    others': τ_max is replaced by min(τ_max, max_ratio × median τ), and a τ_i above that counts as
+    that. The rarest workers' aggregate weight is then below w_i (they deliver too rarely to be
+    given their full share), in exchange for the others' steps not shrinking with the rarest one.
+    """
+    if max_ratio is None:
+        return _rescaled
+    if not (max_ratio >= 1 and math.isfinite(max_ratio)):
+        raise ValueError(f"max_ratio must be at least 1, got {max_ratio!r}")
+    return partial(_rescaled_bounded, float(max_ratio))
 
 
 def vanilla() -> Rule:
@@ -266,6 +319,15 @@ def _rescaled(alpha: float, worker: int, taus: TauTable, delay: int) -> float:
     if not tau_max >= tau_i:
         tau_max = tau_i
     return rescaled_step(alpha, taus.share(worker), tau_i, tau_max)
+
+
+def _rescaled_bounded(max_ratio: float, alpha: float, worker: int, taus: TauTable, delay: int) -> float:
+    tau_ref = taus.reference(max_ratio)
+    tau_i = taus.taus[worker]
+    if not tau_ref >= tau_i:
+        tau_i = tau_ref if tau_ref == tau_ref else tau_i
+        tau_ref = tau_i
+    return rescaled_step(alpha, taus.share(worker), tau_i, tau_ref)
 
 
 def _vanilla(alpha: float, worker: int, taus: TauTable, delay: int) -> float:

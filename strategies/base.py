@@ -74,6 +74,18 @@ class AsyncStrategy(Strategy):
         The run stops with ``RunFailed`` when this many replies in a row are rejected (lost jobs
         of nodes that left do not count). It also stops when every worker has answered and no
         reply could be used.
+    concurrency : int, optional (default: every node)
+        C, the most jobs in flight across the N workers. With C < N a freed slot goes to a worker
+        drawn uniformly (seeded) from the idle, online ones: a federated population, C training at
+        a time. Default: from ``fraction_train``.
+    fraction_train : float (default: 1.0)
+        FedAvg's: when ``concurrency`` is not given, C = max(min_train_nodes, ⌈fraction_train · N⌉)
+        (1.0: every node trains all the time).
+    min_train_nodes : int (default: 2)
+        FedAvg's: the least C that ``fraction_train`` may give.
+    min_available_nodes : int (default: 1)
+        FedAvg's: wait for this many nodes before the first job (FedAvg's default is 2; an
+        asynchronous run can start with one).
     """
 
     #: Short name used on the command line and in reports.
@@ -94,6 +106,10 @@ class AsyncStrategy(Strategy):
         arrayrecord_key: str = "arrays",
         configrecord_key: str = "config",
         max_consecutive_rejections: int | None = None,
+        concurrency: int | None = None,
+        fraction_train: float = 1.0,
+        min_train_nodes: int = 2,
+        min_available_nodes: int = 1,
     ) -> None:
         if isinstance(lr, bool) or not (isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr)):
             raise ValueError(f"the cycle stepsize lr (α) must be positive, got {lr!r}")
@@ -108,6 +124,15 @@ class AsyncStrategy(Strategy):
             raise ValueError(f"fraction_evaluate must be in [0, 1], got {fraction_evaluate!r}")
         if max_consecutive_rejections is not None and max_consecutive_rejections < 1:
             raise ValueError("max_consecutive_rejections must be at least 1")
+        for name, value in (("concurrency", concurrency), ("min_train_nodes", min_train_nodes),
+                            ("min_available_nodes", min_available_nodes)):
+            if value is not None and (isinstance(value, bool) or int(value) != value or value < 1):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not 0.0 < fraction_train <= 1.0:
+            raise ValueError(f"fraction_train must be in (0, 1], got {fraction_train!r}")
+        if concurrency is not None and jobs_per_node != 1:
+            raise ValueError("jobs_per_node applies when every worker is always busy; with concurrency, one job "
+                             "per worker")
         self.lr = float(lr)
         self.reply = reply
         self.jobs_per_node = jobs_per_node
@@ -116,6 +141,9 @@ class AsyncStrategy(Strategy):
         self.arrayrecord_key = arrayrecord_key
         self.configrecord_key = configrecord_key
         self.max_consecutive_rejections = max_consecutive_rejections
+        self.concurrency = None if concurrency is None else int(concurrency)
+        self.fraction_train, self.min_train_nodes = float(fraction_train), int(min_train_nodes)
+        self.min_available_nodes = int(min_available_nodes)
         #: The algorithm's state (``State``); a run starts with a fresh one (``init_state``).
         self.state: Any = self.State()
         #: The driver of the last run started (its manager, books and state stay readable after it).
@@ -134,8 +162,20 @@ class AsyncStrategy(Strategy):
         """Raise ValueError when ``state`` (read from a checkpoint) does not fit ``n`` workers and the
         model ``x`` (array shapes and ranges the schema cannot say)."""
 
+    def slots(self, n: int) -> int:
+        """C for a run of ``n`` workers: ``concurrency``, else max(min_train_nodes, ⌈fraction_train · n⌉),
+        at most n."""
+        if self.concurrency is not None:
+            return min(self.concurrency, n)
+        return min(n, max(self.min_train_nodes, math.ceil(self.fraction_train * n)))
+
     def on_start(self, run: Run) -> None:
-        """Send the first jobs: ``jobs_per_node`` jobs to every worker (the methods that restart at once)."""
+        """Send the first jobs: ``jobs_per_node`` jobs to every worker (the methods that restart at once);
+        with C < N, C jobs, each to a worker the selection draws."""
+        if run.concurrency < run.n:
+            for _ in range(run.concurrency):
+                run.send_next(None)
+            return
         for worker in range(run.n):
             self.on_joined(run, worker)
 
@@ -144,11 +184,12 @@ class AsyncStrategy(Strategy):
         raise NotImplementedError
 
     def on_rejected(self, run: Run, comp: Completion) -> None:
-        """A reply that must not touch the model: its worker's slot gets a fresh job on the current
-        model (unless its node is gone: it gets one when it reappears, and a job of the node it had
-        before it restarted is not replaced, since the worker got its jobs when it rejoined)."""
-        if run.is_online(comp.worker) and comp.job.node_id == run.node_of(comp.worker):
-            run.send_next(comp.worker)
+        """A reply that must not touch the model: its slot gets a fresh job on the current model. With
+        C = N that is its worker's, unless its node is gone (it gets one when it comes back); a job
+        of the node a worker had before it restarted is not replaced (the worker got its jobs when
+        it rejoined)."""
+        if comp.job.node_id == run.node_of(comp.worker):
+            run.send_next(comp.worker)  # (to the same worker if it is online, with C = N)
 
     def on_joined(self, run: Run, worker: int) -> None:
         """A worker's node (re)appeared (wall clock), or the run starts: ``jobs_per_node`` jobs for it."""
@@ -168,7 +209,10 @@ class AsyncStrategy(Strategy):
         return 0
 
     def describe(self) -> dict[str, Any]:
-        return {"strategy": self.name, "lr": self.lr, "reply": self.reply}
+        out = {"strategy": self.name, "lr": self.lr, "reply": self.reply}
+        if self.concurrency is not None or self.fraction_train != 1.0:
+            out.update(concurrency=self.concurrency, fraction_train=self.fraction_train)
+        return out
 
     def local_lr(self, gamma_v: float, steps: int) -> float:
         """The local learning rate of ``steps`` local SGD steps per job (model replies) under the α
@@ -321,6 +365,13 @@ class AsyncStrategy(Strategy):
         for line in io.StringIO(str(result)):
             log.info("\t%s", line.rstrip("\n"))
         return result
+
+
+def every_worker_each_round(strategy: AsyncStrategy, run: Run) -> None:
+    """Refuse a population (C < N) for a method whose rounds wait for every worker."""
+    if run.concurrency < run.n:
+        raise ValueError(f"{type(strategy).__name__}'s rounds wait for every worker: it needs every node training "
+                         f"(concurrency {run.concurrency} < {run.n} workers)")
 
 
 _VANILLA = vanilla()

@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 
 #: Reasons for which a job counts as lost (no usable reply came) rather than rejected: our own
-#: TTL expiry, a restarted server, and every Flower error reply (``error-code-N``: the ClientApp
+#: TTL expiry, a restarted server, a client that went offline, and every Flower error reply (``error-code-N``: the ClientApp
 #: raised (2) or crashed (8), the message (3) or the node (5) became unavailable).
-LOST_REASONS = ("lost", "ttl-expired", "resumed")
+LOST_REASONS = ("lost", "ttl-expired", "resumed", "offline")
 
 #: What ``Books.balance`` reports per worker, in order.
 COLUMNS = ("sent", "applied", "rejected", "lost", "discarded", "in-flight")

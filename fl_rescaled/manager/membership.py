@@ -62,15 +62,17 @@ class Membership:
         self.worker_of_node = {n: i for i, n in enumerate(roster.node_ids)}
 
     # ------------------------------------------------------------------ the start
-    def connect(self, num_workers: int | None, timeout: float, partition_query: bool) -> list[int]:
-        """Wait for the nodes; number them as workers; return the node ids in worker order."""
+    def connect(self, num_workers: int | None, timeout: float, partition_query: bool, min_nodes: int = 1) -> list[int]:
+        """Wait for the nodes (``num_workers`` of them, or at least ``min_nodes``); number them as
+        workers; return the node ids in worker order."""
         deadline = time.monotonic() + timeout
+        need = max(min_nodes, num_workers or 1)
         while True:
             nodes = sorted(int(n) for n in self.grid.get_node_ids())
-            if nodes and (num_workers is None or len(nodes) >= num_workers):
+            if len(nodes) >= need:
                 break
             if time.monotonic() > deadline:
-                raise TimeoutError(f"only {len(nodes)} of {num_workers} nodes connected within {timeout:g} s")
+                raise TimeoutError(f"only {len(nodes)} of {need} nodes connected within {timeout:g} s")
             time.sleep(0.1)
         order = self._order_by_partition(nodes, deadline) if partition_query else nodes
         if num_workers is not None:
@@ -94,6 +96,8 @@ class Membership:
         self._next_refresh = 0.0
 
     def _order_by_partition(self, nodes: list[int], deadline: float) -> list[int]:
+        if self.grid.partition_order:  # (the Grid numbers its nodes in partition order: nothing to ask)
+            return sorted(nodes)
         ttl = max(1.0, deadline - time.monotonic())
         ids = list(self.grid.push_messages([hello_message(n, ttl) for n in nodes]))
         node_of = dict(zip(ids, nodes))
@@ -116,10 +120,16 @@ class Membership:
                 "this run numbers its workers by partition (per-partition taus, weights or worker "
                 f"config), but the partition query failed: {why}. Add the query to your ClientApp with "
                 "`fl_rescaled.add_partition_query(app)`, or give the settings in node-id order without it.")
-        pids = [partition[n] for n in nodes]
-        if sorted(pids) != list(range(len(nodes))):
-            raise RuntimeError(f"the nodes hold partitions {sorted(pids)}; expected 0..{len(nodes) - 1} once each")
-        return sorted(nodes, key=lambda n: partition[n])
+        return self._in_partition_order(nodes, partition)
+
+    @staticmethod
+    def _in_partition_order(nodes: list[int], partition: dict[int, int]) -> list[int]:
+        order = sorted(nodes, key=lambda n: partition[n])
+        if [partition[n] for n in order] != list(range(len(nodes))):
+            pids = sorted(partition[n] for n in nodes)
+            raise RuntimeError(f"the nodes hold partitions {pids[:20]}{'...' if len(pids) > 20 else ''}; expected "
+                               f"0..{len(nodes) - 1} once each")
+        return order
 
     # ------------------------------------------------------------------ the wall clock
     def online_workers(self) -> list[int]:
