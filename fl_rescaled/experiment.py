@@ -24,10 +24,13 @@ from flwr.serverapp import Grid
 
 from .checkpoints import save_checkpoint
 from .clients.client_app import app as client_app
-from .clock import Clock, DelayModel, VirtualClock, WallClock, tau_stats
+from .availability import availability
+from .clock import Clock, VirtualClock, WallClock, tau_stats
+from .delays import compute_times
 from .grid import InProcessGrid
 from .layout import decode_array
 from .manager import ManagerObserver
+from .manager.books import PER_WORKER_ROWS
 from .metrics import plot_curves, write_history_csv
 from .runspec import RunSpec, default_taus
 from .runstate import Checkpointing
@@ -181,8 +184,7 @@ def _start(spec: RunSpec, cfg: dict[str, Any], task, strategy: AsyncStrategy, x0
     train_config: dict[str, Any] = {"task": task_spec(cfg), **local_training(spec, strategy)}
     settings = spec.manager
     if clock is None:
-        clock = WallClock(spec.time_unit) if spec.clock == "wall" else VirtualClock(
-            DelayModel(spec.taus, spec.delays, spec.seed))
+        clock = WallClock(spec.time_unit) if spec.clock == "wall" else virtual_clock(spec)
     if not clock.virtual and spec.emulate:
         # Clients sleep τ_i time units per job (τ_i from their node config if set there, else this).
         train_config.update({"emulate": spec.emulate, "time-unit": spec.time_unit})
@@ -208,6 +210,25 @@ def _start(spec: RunSpec, cfg: dict[str, Any], task, strategy: AsyncStrategy, x0
             checkpoint=_checkpointing(spec),
         )
     return time.perf_counter() - wall0
+
+
+def virtual_clock(spec: RunSpec) -> VirtualClock:
+    """The virtual clock a spec describes: its compute-time model (with speeds that change) and when
+    each client is online."""
+    drift = None if spec.speed_drift is None else {"rate": spec.speed_drift}
+    switch = None
+    if spec.speed_switch is not None:
+        at, factor, *rest = spec.speed_switch
+        switch = {"at": at, "factor": factor, **({"fraction": rest[0]} if rest else {})}
+    trace = spec.delay_trace if spec.delays == "trace" else None
+    delays = compute_times(spec.delays, None if trace else spec.taus, seed=spec.seed, sigma=spec.delay_sigma,
+                           alpha=spec.delay_alpha, trace=trace, drift=drift, switch=switch)
+    avail = None
+    if spec.availability != "always":
+        avail = availability(spec.availability, spec.num_clients, seed=spec.seed, period=spec.availability_period,
+                             fraction=spec.availability_fraction,
+                             trace=spec.availability_trace if spec.availability == "trace" else None)
+    return VirtualClock(delays, avail)
 
 
 def _checkpointing(spec: RunSpec) -> Checkpointing | None:
@@ -266,20 +287,23 @@ def _outcome(spec: RunSpec, driver, history: list[dict[str, Any]], params: np.nd
         "budget": spec.budget,
         "seed": spec.seed,
         "delays": spec.delays,
-        "taus": list(spec.taus or []),
+        "num_clients": spec.num_clients,
+        "taus": list(spec.taus or []) if len(spec.taus or []) <= PER_WORKER_ROWS else "(see tau_stats)",
         "final_time": final["time"],
         "num_updates": books.version,
         "gradients": int(sum(c.sum() for k, c in books.outcomes.items() if k != "cancelled")),
-        "updates_per_worker": final["updates_per_worker"],
+        "updates_per_worker": final.get("updates_per_worker"),
         "cumulative_stepsize": books.stepsize_sum,
         "final_loss": final.get("loss"),
         "client_losses": final.get("client_losses"),
+        "worst_client_loss": final.get("worst_client_loss"),
         "rejected": books.failures(),
         "stray": dict(books.stray),
-        "discarded_per_worker": final["discarded_per_worker"],
+        "discarded_per_worker": final.get("discarded_per_worker"),
         "wasted_time": final.get("wasted_time", 0.0),
-        "idle_share_per_worker": final["idle_share_per_worker"],
-        "lost_per_worker": final["lost_per_worker"],
+        "idle_share_per_worker": final.get("idle_share_per_worker"),
+        "idle_share_mean": final["idle_share_mean"],
+        "lost_per_worker": final.get("lost_per_worker"),
         "stored_vectors_max": max(h["stored_vectors"] for h in history),
         "books": manager.books_totals(),
         "wall_seconds": wall,

@@ -141,7 +141,9 @@ class InProcessGrid(Grid):
         # nor, unless ``ordered_ids``, on their order being the partitions'.
         self.node_ids = node_ids(num_nodes, seed, ordered_ids)
         self.partition_order = bool(ordered_ids)  # (an AsyncGrid extra: node-id order is partition order)
-        self._partition = {nid: i for i, nid in enumerate(self.node_ids)}
+        ids = np.array(self.node_ids, dtype=np.int64)
+        self._by_id = np.argsort(ids)  # node id -> partition by binary search (a population is large)
+        self._sorted_ids = ids[self._by_id]
         self._node_configs = node_configs
         self._run_config = dict(run_config or {})
         self.contexts: dict[int, Context] = {}  # made on a node's first message (a population is large)
@@ -166,13 +168,22 @@ class InProcessGrid(Grid):
         """The node's ``Context`` (made on first use, as a SuperNode makes it when it starts)."""
         ctx = self.contexts.get(node_id)
         if ctx is None:
-            i = self._partition[node_id]
+            i = self._partition(node_id)
+            if i is None:
+                raise KeyError(node_id)
             cfg = {"partition-id": i, "num-partitions": len(self.node_ids)}
             if self._node_configs is not None:
                 cfg.update(self._node_configs[i])
             ctx = self.contexts[node_id] = Context(run_id=self._run.run_id, node_id=node_id, node_config=cfg,
                                                    state=RecordDict(), run_config=dict(self._run_config))
         return ctx
+
+    def _partition(self, node_id: int) -> int | None:
+        """The partition of node ``node_id`` (None: not a node of this Grid)."""
+        k = int(np.searchsorted(self._sorted_ids, node_id))
+        if k < self._sorted_ids.size and int(self._sorted_ids[k]) == node_id:
+            return int(self._by_id[k])
+        return None
 
     def node_config(self, node_id: int) -> dict[str, Any]:
         """The node config of ``node_id`` (``partition-id``, ``num-partitions``, user keys such as ``tau``)."""
@@ -247,7 +258,7 @@ class InProcessGrid(Grid):
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         ids = []
         for msg in messages:
-            if msg.metadata.dst_node_id not in self._partition:
+            if self._partition(msg.metadata.dst_node_id) is None:
                 raise ValueError(f"unknown destination node {msg.metadata.dst_node_id}")
             mid = f"{self._next_id:016x}"
             self._next_id += 1

@@ -104,7 +104,7 @@ class AsyncClientManager:
                        tau_smoothing=settings.tau_smoothing, poll_interval=settings.poll_interval))
         self.taus = self.compute_taus = TauTable(0)
         self.population = Population(1, 1, 0, self.is_online, self._online_mask)
-        self.periods_online = False  # virtual clock: τ_i estimated from the deliveries (see ``populate``)
+        self.periods_online = ""  # virtual clock, C < N: how p_i is estimated ("average" or "ema", ``populate``)
         self._next_job_id = 0
         self._encoded: tuple[int, ArrayRecord] | None = None  # (version, encoded model)
 
@@ -141,8 +141,7 @@ class AsyncClientManager:
         self.population = Population(n, n if concurrency is None else concurrency, seed, self.is_online,
                                      self._online_mask)
         if self.population.sampled and self.source.virtual:
-            self.taus = self.population.periods(self.clock, weights)
-            self.periods_online = not self.taus.fixed
+            self.taus, self.periods_online = self.population.periods(self.clock, weights)
             self.source.last_delivery = np.zeros(n)
 
     def online_workers(self) -> list[int]:
@@ -298,7 +297,8 @@ class AsyncClientManager:
             self.books.busy_done[w] += self.source.accepted(job, comp.metrics)
             self.books.ended(w, "applied")
             if self.periods_online:
-                self.source.delivered(w, t, self.taus, self.tau_smoothing)
+                self.source.delivered(w, t, self.taus, self.periods_online, self.tau_smoothing,
+                                      int(self.books.outcomes["applied"][w]))
         else:
             if self.source.virtual:
                 self.books.busy_done[w] += self.source.work(job, t)

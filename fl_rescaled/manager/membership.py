@@ -49,7 +49,7 @@ class Membership:
         self.ttl = ttl
         self.node_refresh = node_refresh
         self.roster = Roster()
-        self.worker_of_node: dict[int, int] = {}
+        self._worker_of_node: dict[int, int] | None = {}
         self.joined: list[int] = []  # workers that (re)appeared and wait for a job
         self.has_jobs: Callable[[int], bool] = lambda worker: False  # (the books: a job in flight)
         self.on_online: Callable[[int, bool], None] = lambda worker, online: None
@@ -59,7 +59,13 @@ class Membership:
     def use(self, roster: Roster) -> None:
         """Take ``roster`` (a fresh one, or a checkpoint's) as the workers' nodes."""
         self.roster = roster
-        self.worker_of_node = {n: i for i, n in enumerate(roster.node_ids)}
+        self._worker_of_node = None  # (made when a node comes or goes: the wall clock)
+
+    @property
+    def worker_of_node(self) -> dict[int, int]:
+        if self._worker_of_node is None:
+            self._worker_of_node = {n: i for i, n in enumerate(self.roster.node_ids)}
+        return self._worker_of_node
 
     # ------------------------------------------------------------------ the start
     def connect(self, num_workers: int | None, timeout: float, partition_query: bool, min_nodes: int = 1) -> list[int]:
@@ -75,10 +81,12 @@ class Membership:
                 raise TimeoutError(f"only {len(nodes)} of {need} nodes connected within {timeout:g} s")
             time.sleep(0.1)
         order = self._order_by_partition(nodes, deadline) if partition_query else nodes
-        if num_workers is not None:
+        ignored: list[int] = []
+        if num_workers is not None and num_workers < len(order):
             order = order[:num_workers]
-        self.use(Roster(list(order), np.ones(len(order), bool), partition_query, sorted(set(nodes) - set(order))))
-        return order
+            ignored = sorted(set(nodes) - set(order))
+        self.use(Roster(order, np.ones(len(order), bool), partition_query, ignored))
+        return list(order)
 
     def rediscover(self, timeout: float) -> None:
         """A restarted server (wall clock): find the nodes again and give each worker its node (by

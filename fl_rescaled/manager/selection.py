@@ -171,15 +171,17 @@ class Population:
             self.parked += 1
         return worker
 
-    def periods(self, clock: VirtualClock, weights: Sequence[float] | None) -> TauTable:
-        """C < N on the virtual clock: the τ table the stepsize rules read, each worker's mean time
-        between deliveries p_i = 1 / f_i. Computed (``delivery_periods``) when the compute-time model
-        is stationary and every client is always online; else estimated from the deliveries (an
-        empty table the manager fills in)."""
-        if clock.availability is None and clock.delays.describe()["kind"] not in ("drift", "switch"):
-            periods = delivery_periods(clock.delays.means()[: self.n], self.concurrency)
-            return TauTable(self.n, periods.tolist(), weights)
-        return TauTable(self.n, None, weights)
+    def periods(self, clock: VirtualClock, weights: Sequence[float] | None) -> tuple[TauTable, str]:
+        """C < N on the virtual clock: the τ table the stepsize rules read (each worker's mean time
+        between deliveries, p_i = 1 / f_i) and how the manager keeps it up to date: ``average`` (the
+        time so far over the worker's deliveries, started from the mean-field value of
+        ``delivery_periods`` as one delivery's worth of evidence) or, for speeds that change during
+        the run, ``ema`` (a moving average of the intervals, as on the wall clock). The mean-field
+        value alone is exact only for many clients: with few, a slow client waits less than a fast
+        one (while it is idle, the busy ones are faster), so it is where the estimate starts."""
+        prior = delivery_periods(clock.delays.means()[: self.n], self.concurrency)
+        changing = clock.delays.describe()["kind"] in ("drift", "switch")
+        return TauTable(self.n, prior.tolist(), weights, estimated=True), "ema" if changing else "average"
 
     def take_parked(self) -> int:
         parked, self.parked = self.parked, 0

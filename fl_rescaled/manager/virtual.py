@@ -166,13 +166,16 @@ class VirtualSource:
             self._heap.append((t, job.worker, job.job_id, job.message_id))
         heapq.heapify(self._heap)
 
-    def delivered(self, worker: int, t: float, periods: TauTable, smoothing: float) -> None:
-        """C < N with periods estimated (an availability model, speeds that change): worker's time
-        between deliveries, an exponential moving average initialised by its first (from the start)."""
+    def delivered(self, worker: int, t: float, periods: TauTable, how: str, smoothing: float, count: int) -> None:
+        """C < N: worker's mean time between deliveries, from its ``count``-th delivery at ``t``.
+        ``average``: (t + p_0) / (count + 1) with p_0 the starting (mean-field) value; ``ema``: an
+        exponential moving average of the intervals (speeds that change)."""
+        if how == "average":
+            periods.update(worker, (t + periods.prior[worker]) / (count + 1))
+            return
         measured = max(t - float(self.last_delivery[worker]), 1e-12)
         self.last_delivery[worker] = t
-        old = periods.taus[worker]
-        periods.update(worker, measured if old != old else (1 - smoothing) * old + smoothing * measured)
+        periods.update(worker, (1 - smoothing) * periods.taus[worker] + smoothing * measured)
 
     def accepted(self, job: Job, metrics: dict) -> float:
         """An accepted reply: its compute time (the virtual clock's, whatever the client says)."""
