@@ -109,13 +109,8 @@ class AsyncClientManager:
         self._encoded: tuple[int, ArrayRecord] | None = None  # (version, encoded model)
 
     # ------------------------------------------------------------------ workers
-    @property
-    def num_workers(self) -> int:
-        return self.books.n
-
-    @property
-    def version(self) -> int:
-        return self.books.version
+    num_workers = property(lambda self: self.books.n)
+    version = property(lambda self: self.books.version)
 
     def connect(self, num_workers: int | None = None, timeout: float = 120.0, *, partition_query: bool = False,
                 weights: list[float] | None = None, min_nodes: int = 1) -> list[int]:
@@ -259,7 +254,7 @@ class AsyncClientManager:
         self.books.wasted[job.worker] += self.source.work(job)
 
     def record_update(self, worker: int, stepsize: float) -> None:
-        """Book one applied server update triggered by ``worker`` (k += 1)."""
+        """Book one server update triggered by ``worker`` (k += 1)."""
         self.books.record_update(worker, stepsize)
         for obs in self.observers:
             obs.update_applied(worker, stepsize, self.books.version)
