@@ -1,41 +1,43 @@
 #!/usr/bin/env python
 """A user's Flower app (examples/quickstart-async) in process, on Flower's engine, and as a bare loop.
 
-Every row does the same number N of client trainings of the example's CNN (``--trainings``), one
-epoch over the node's 400 training examples each (the app's run config: batch 32, lr 0.05), on one
-torch thread per job, with no federated or central evaluation (``fraction-evaluate = 0``; the
-bare loop evaluates nothing either):
+Every row does the same N client trainings (``--trainings``) of the example's CNN: one epoch over
+the node's 400 training examples (the app's run config: batch 32, lr 0.05), one torch thread per
+job (the pool's threads and Ray's actors too), no federated or central evaluation
+(``fraction-evaluate = 0``: the bare loop evaluates nothing either). Rows:
 
-  in-process, workers=1   the example's ServerApp with FedBuff (buffer 10, N/10 updates) and its
-                          ClientApp on ``fl_rescaled.run_inprocess``: jobs run when pulled
-  in-process, workers=2   the same, ``workers=2``: 2 threads compute the jobs in flight ahead
-  bare loop, 1 thread     no Flower: the example's ``Net``/``load_data``/``train`` on the same
-                          partitions, FedBuff's arithmetic in plain torch (below)
-  bare loop, 2 threads    the same, the 10 jobs of each buffer on 2 threads
-  Flower engine, FedAvg   the example's ServerApp with Flower's FedAvg (N/nodes rounds of every
-                          node) and its ClientApp on Flower's Simulation Engine (Ray, 2 CPUs, one
-                          ClientApp actor per CPU), as ``run_on_flower_engine`` runs it
+  in-process, workers=1|2  the example's ServerApp with FedBuff (buffer 10, N/10 updates) and its
+                           ClientApp on ``run_inprocess``; workers=2: 2 threads compute jobs ahead
+  bare loop, 1|2 threads   no Flower: the example's ``Net``/``load_data``/``train``, the same
+                           partitions, FedBuff's arithmetic in torch; 2 threads: a buffer's 10 jobs
+  Flower engine, FedAvg    the example's ServerApp with Flower's FedAvg (N/nodes rounds of every
+                           node) and its ClientApp on the Simulation Engine (Ray, 2 CPUs, 1 actor
+                           each), as ``run_on_flower_engine`` runs it
 
-The bare loop is what a plain-PyTorch simulation of the same run must do: build each partition's
-DataLoader once, then per job copy the global state dict (the model the job carries: an
-asynchronous server keeps it, since the global moves on), load it into a fresh ``Net``, train, and
-on the server add the pseudo-gradient (sent − returned) to the buffer; every 10 replies step the
-global model by the buffer's mean. It has none of Flower's Messages, ArrayRecords or
-serialisation, and no per-job ``load_data`` (the ClientApp calls it on every job).
+FedBuff does FedAvg's work: a trained model is its native reply, and one update (buffer 10, 10
+nodes) is 10 trainings, as a FedAvg round. The bare loop does what a plain-PyTorch simulation of
+the run must: the DataLoaders built once; per job a copy of the global state dict (the model the
+job carries: an asynchronous server keeps it), loaded into a fresh ``Net``, trained; the
+pseudo-gradient (sent − returned) added to a buffer, and every 10 the global model stepped by the
+buffer's mean. No Messages, ArrayRecords or serialisation.
 
-Phase 1 interleaves the in-process rows and the bare loops (the order rotates per repeat). Phase 2
-starts one simulation (``--no-flower`` skips it): Ray's start-up and a first, cold FedAvg run
-(actors start, load torch and MNIST) are timed once, then warm FedAvg runs are interleaved with the
-1-thread bare loop in the same simulation, whose ratio uses that bare loop. Each time is a whole
-run (ServerApp start to end); the table gives the best of ``--repeats`` (noise only adds time) and
-the median. "peak RSS" is this process's high-water mark during the row (reset before it).
+Phase 1 interleaves the in-process and bare rows (the order rotates per repeat). Phase 2 starts one
+simulation (``--no-flower``: none), waits until Flower shows every node, times a cold FedAvg run
+(its first round holds Ray's start-up, the actors' and their first data load), then warm runs
+interleaved with the 1-thread bare loop, the engine's reference. A time is a whole run (ServerApp
+start to end); the table has the best of ``--repeats`` (noise only adds time) and the median;
+"train ms"/"other ms": CPU per training in this process inside the app's ``train``/around it;
+"peak RSS": this process, during the row. ``--cached-codec`` adds an experiment row (see
+docs/performance.md): Flower's ``Array`` (de)serialisation replaced by fl_rescaled's codec.
 
-    python benchmarks/bench_userapp.py [--trainings 60] [--repeats 3] [--nodes 10] [--no-flower] [--json]
+    python benchmarks/bench_userapp.py [--trainings 60] [--repeats 3] [--nodes 10] [--no-flower]
+        [--examples-per-client 500] [--local-epochs 1] [--fraction-evaluate 0] [--cached-codec] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -46,7 +48,8 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE_DIR = ROOT / "examples" / "quickstart-async"
@@ -56,19 +59,23 @@ for _p in (str(EXAMPLE_DIR), str(ROOT)):  # this checkout first; Flower passes s
     sys.path.insert(0, _p)
 
 import fl_rescaled  # noqa: E402, F401  (before flwr: Flower and Ray offline, fl_rescaled.OFFLINE_ENV)
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from flwr.app import Context, Message  # noqa: E402
+from flwr.app import Array, Context, Message  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
 from flwr.serverapp import Grid  # noqa: E402
 
 from fl_rescaled import run_inprocess  # noqa: E402
 from fl_rescaled.inprocess import app_run_config  # noqa: E402
+from fl_rescaled.layout import decode_array, encode_array  # noqa: E402
 from quickstart_async import client_app as example_client  # noqa: E402
 from quickstart_async import server_app as example_server  # noqa: E402
 from quickstart_async import task  # noqa: E402
 
 BUFFER = 10  # FedBuff's default buffer size K, which the example's ServerApp uses
 THREADS = 1  # torch intra-op threads per job, in every row (the project's RunSpec.torch_threads)
+T = TypeVar("T")
+COUNTING = threading.Lock()
 
 
 # -------------------------------------------------------------------- helpers
@@ -78,59 +85,37 @@ class ThreadedClientApp(ClientApp):
     def __init__(self, inner: ClientApp) -> None:
         super().__init__()
         self.inner = inner
-        self.trainings = self.evaluations = 0
-        self._lock = threading.Lock()
+        self.done: list[str] = []  # the message types answered (list.append is atomic: no lock to pickle)
 
     def __call__(self, message: Message, context: Context) -> Message:
         if torch.get_num_threads() != THREADS:  # (a Ray actor's process, or a new thread)
             torch.set_num_threads(THREADS)
         reply = self.inner(message, context)
         if not reply.has_error():
-            with self._lock:
-                self.trainings += message.metadata.message_type.startswith("train")
-                self.evaluations += message.metadata.message_type.startswith("evaluate")
+            self.done.append(message.metadata.message_type)
         return reply
 
-    def __getstate__(self) -> dict:  # (pickled to Ray's actors: the lock stays here)
-        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
+    def count(self, kind: str) -> int:
+        return sum(t.startswith(kind) for t in self.done)
 
 
-class TimingGrid(Grid):
-    """Flower's Grid, with the end of every round that trained stamped and its replies counted."""
+class TimingGrid:
+    """Flower's Grid (every call delegated), with the end of every round that trained stamped and
+    its replies counted. FedAvg only calls the Grid's methods, so this need not subclass ``Grid``."""
 
     def __init__(self, inner: Grid) -> None:
         self.inner = inner
         self.stamps: list[float] = []
         self.trainings = self.evaluations = 0
 
-    def set_run(self, run) -> None:  # pragma: no cover - Flower sets the run before main
-        self.inner.set_run(run)
-
-    @property
-    def run(self):
-        return self.inner.run
-
-    def create_message(self, *args: Any, **kwargs: Any) -> Message:
-        return self.inner.create_message(*args, **kwargs)
-
-    def get_node_ids(self) -> Iterable[int]:
-        return self.inner.get_node_ids()
-
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        return self.inner.push_messages(messages)
-
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        return self.inner.pull_messages(message_ids)
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         replies = list(self.inner.send_and_receive(messages, timeout=timeout))
-        trained = sum(1 for r in replies if r.metadata.message_type.startswith("train") and not r.has_error())
-        self.evaluations += sum(1 for r in replies if r.metadata.message_type.startswith("evaluate")
-                                and not r.has_error())
+        kinds = [r.metadata.message_type for r in replies if not r.has_error()]
+        trained = sum(k.startswith("train") for k in kinds)
+        self.evaluations += sum(k.startswith("evaluate") for k in kinds)
         if trained:
             self.trainings += trained
             self.stamps.append(time.perf_counter())
@@ -138,62 +123,95 @@ class TimingGrid(Grid):
 
 
 class Captured:
-    """The ``Result`` of the example ServerApp's last run (its ``report`` is replaced by this)."""
+    """The ``Result`` of the example ServerApp's last run (``report`` replaces the app's, which prints)."""
 
     result: Any = None
 
     @classmethod
     def report(cls, name: str, initial: Any, result: Any) -> None:
-        del name, initial
         cls.result = result
 
 
-def peak_rss_reset() -> None:
+def peak_rss_mb(reset: bool = False) -> float:
+    """This process's peak resident memory (Linux: VmHWM); ``reset``: start a new peak (clear_refs 5)."""
     try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        pass
-
-
-def peak_rss_mb() -> float:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return float("nan")
+        if reset:
+            Path("/proc/self/clear_refs").write_text("5")
+        status = Path("/proc/self/status").read_text()
+        return int(status.split("VmHWM:")[1].split()[0]) / 1024
+    except (OSError, IndexError, ValueError):
+        return float("nan")
 
 
 def children_rss_mb() -> float:
     """Resident memory of this process's descendants (Ray's processes), summed."""
-    parents: dict[int, int] = {}
-    rss: dict[int, int] = {}
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text()
-            parents[int(d.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    parent, rss = {}, {}
+    for d in Path("/proc").glob("[0-9]*"):
+        try:  # (the field after the command's closing parenthesis: state, then the parent's pid)
+            parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
             rss[int(d.name)] = int((d / "statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
         except (OSError, ValueError, IndexError):
             continue
-    mine, grew = {os.getpid()}, True
-    while grew:
-        new = {p for p, pp in parents.items() if pp in mine and p not in mine}
+    mine = {os.getpid()}
+    while new := {p for p, pp in parent.items() if pp in mine} - mine:
         mine |= new
-        grew = bool(new)
     return sum(rss.get(p, 0) for p in mine - {os.getpid()}) / 2**20
+
+
+class TrainClock:
+    """CPU seconds spent inside the example's ``train`` (every thread of this process): the rest of
+    a row's CPU time is what goes around the training (Flower, the strategy, the copies)."""
+
+    seconds = 0.0
+
+    @classmethod
+    def train(cls, *args: Any, **kwargs: Any) -> float:
+        c0 = time.thread_time()
+        try:
+            return task.train(*args, **kwargs)
+        finally:
+            with COUNTING:
+                cls.seconds += time.thread_time() - c0
+
+
+COMPUTED: list[int] = []  # trainings the in-process ClientApp ran, per run
 
 
 def timed(fn: Callable[[], tuple[int, int]]) -> dict[str, float]:
     """Run ``fn`` (it returns its trainings and evaluations): wall and CPU seconds (this process, all
-    its threads), peak RSS."""
-    peak_rss_reset()
+    its threads), CPU seconds inside ``train``, peak RSS."""
+    gc.collect()  # every row starts with the collector's generations empty (a full collection takes ~0.15 s)
+    peak_rss_mb(reset=True)
+    TrainClock.seconds = 0.0
+    COMPUTED.clear()
     c0, t0 = time.process_time(), time.perf_counter()
     trainings, evaluations = fn()
     return {"seconds": time.perf_counter() - t0, "cpu_s": time.process_time() - c0, "trainings": trainings,
+            "computed": COMPUTED[0] if COMPUTED else trainings, "train_cpu_s": TrainClock.seconds,
             "evaluations": evaluations, "peak_rss_mb": peak_rss_mb()}
+
+
+def with_cached_codec(fn: Callable[[], T]) -> T:
+    """``fn()`` with Flower's ``Array`` (de)serialisation of plain C-order arrays done by
+    ``fl_rescaled.layout``'s cached-header codec (the bytes are the same as ``np.save``'s) instead of
+    ``np.save``/``np.load`` (which parses every header with ``ast``): an experiment for ``--cached-codec``."""
+    numpy, from_ndarray = Array.numpy, Array.from_numpy_ndarray
+
+    def fast_numpy(self: Array) -> np.ndarray:  # (np.load's result is writable: so is the copy)
+        view = SimpleNamespace(stype=self.stype, shape=self.shape, dtype=self.dtype, data=self.data,
+                               numpy=lambda: numpy(self))  # decode_array's fallback: Flower's own
+        return decode_array(view).copy()
+
+    def fast_from_ndarray(cls: type, ndarray: np.ndarray) -> Array:
+        if type(ndarray) is np.ndarray and ndarray.ndim and ndarray.flags.c_contiguous:
+            return encode_array(ndarray)
+        return from_ndarray.__func__(cls, ndarray)
+
+    Array.numpy, Array.from_numpy_ndarray = fast_numpy, classmethod(fast_from_ndarray)
+    try:
+        return fn()
+    finally:
+        Array.numpy, Array.from_numpy_ndarray = numpy, from_ndarray
 
 
 # -------------------------------------------------------------------- the rows
@@ -208,10 +226,11 @@ def inprocess(args: argparse.Namespace, workers: int) -> tuple[int, int]:
     config = app_config(args, strategy="fedbuff", **{"num-updates": args.trainings // BUFFER})
     run_inprocess(example_server.app, app, num_supernodes=args.nodes, app_dir=EXAMPLE_DIR, run_config=config,
                   workers=workers)
-    accepted = int(Captured.result.books["replies-accepted"])
-    if app.trainings < accepted:
-        raise RuntimeError(f"{accepted} replies accepted but only {app.trainings} trainings ran")
-    return accepted, app.evaluations
+    accepted, trainings = int(Captured.result.books["replies-accepted"]), app.count("train")
+    if trainings < accepted:
+        raise RuntimeError(f"{accepted} replies accepted but only {trainings} trainings ran")
+    COMPUTED.append(trainings)  # (workers=2 may also have computed jobs still in flight at the end)
+    return accepted, app.count("evaluate")
 
 
 def bare_loop(args: argparse.Namespace, threads: int) -> tuple[int, int]:
@@ -228,7 +247,7 @@ def bare_loop(args: argparse.Namespace, threads: int) -> tuple[int, int]:
             torch.set_num_threads(THREADS)
         model = task.Net()
         model.load_state_dict(sent)
-        task.train(model, loaders[node], epochs=epochs, lr=lr, device="cpu")
+        TrainClock.train(model, loaders[node], epochs=epochs, lr=lr, device="cpu")
         return model.state_dict()
 
     done = 0
@@ -248,11 +267,11 @@ def bare_loop(args: argparse.Namespace, threads: int) -> tuple[int, int]:
 
 
 IN1, IN2 = "in-process FedBuff, workers=1", "in-process FedBuff, workers=2"
+IN1_CODEC = "in-process, workers=1, cached codec"
 BARE1, BARE2 = "bare loop, 1 thread", "bare loop, 2 threads"
 ENGINE_COLD, ENGINE = "Flower engine FedAvg, 1st run (cold)", "Flower engine FedAvg, warm"
 BARE_ALONGSIDE = "bare loop, 1 thread, in the simulation"
-#: Threads that compute jobs in each row (Ray: 2 ClientApp actors on 2 CPUs, --num-cpus).
-CORES = {IN1: 1, IN2: 2, BARE1: 1, BARE2: 2, ENGINE_COLD: 2, ENGINE: 2, BARE_ALONGSIDE: 1}
+CORES = {IN1: 1, IN2: 2, IN1_CODEC: 1, BARE1: 1, BARE2: 2, BARE_ALONGSIDE: 1}  # threads computing jobs (Ray: --num-cpus)
 
 
 def flower_phase(args: argparse.Namespace, rows: dict[str, list], extra: dict[str, float]) -> None:
@@ -270,8 +289,14 @@ def flower_phase(args: argparse.Namespace, rows: dict[str, list], extra: dict[st
 
     def main(grid: Grid, context: Context) -> None:
         extra["to_serverapp_s"] = time.perf_counter() - t_call
+        t0 = time.perf_counter()  # FedAvg samples the nodes it sees: wait for all (else round 1 may train 2)
+        while len(list(grid.get_node_ids())) < args.nodes and time.perf_counter() - t0 < 120:
+            time.sleep(0.05)
+        extra["nodes_visible_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         rows[ENGINE_COLD] = [timed(lambda: fedavg(grid, context))]
+        if not grids[0].stamps:
+            raise RuntimeError("no ClientApp trained on Flower's engine (run with FLWR_LOG_LEVEL=DEBUG to see why)")
         extra["cold_first_round_s"] = grids[0].stamps[0] - t0
         for r in range(args.repeats):
             cases = [(ENGINE, lambda: fedavg(grid, context)), (BARE_ALONGSIDE, lambda: bare_loop(args, 1))]
@@ -292,16 +317,21 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     """Every row's runs and the table (see ``main``)."""
     if args.trainings < BUFFER or args.trainings % BUFFER or args.trainings % args.nodes:
         raise SystemExit(f"--trainings must be a positive multiple of {BUFFER} (FedBuff's buffer) and of --nodes")
+    loadavg_start = _loadavg()
     logging.getLogger("flwr").setLevel(logging.ERROR)
     logging.getLogger("fl_rescaled").setLevel(logging.ERROR)
     torch.set_num_threads(THREADS)
     example_server.report = Captured.report  # the app's report prints; the benchmark reads the Result
+    example_client.train_model = TrainClock.train  # the ClientApp's ``train``, timed (in this process)
     small = argparse.Namespace(**{**vars(args), "trainings": BUFFER})
-    inprocess(small, 1)  # warm-up (not timed): MNIST into memory, imports, the first ClientApp calls
-    bare_loop(small, 1)
+    for warm_up in (inprocess, bare_loop):  # (not timed): MNIST into memory, torch's and Flower's first calls
+        warm_up(small, 1)
+        warm_up(small, 2)
 
     cases: dict[str, Callable[[], tuple[int, int]]] = {IN1: lambda: inprocess(args, 1), IN2: lambda: inprocess(args, 2),
                                            BARE1: lambda: bare_loop(args, 1), BARE2: lambda: bare_loop(args, 2)}
+    if args.cached_codec:
+        cases[IN1_CODEC] = lambda: with_cached_codec(lambda: inprocess(args, 1))
     names = list(cases)
     rows: dict[str, list[dict[str, float]]] = {k: [] for k in names}
     for r in range(args.repeats):  # interleaved, the order rotated, so noise hits every row alike
@@ -311,39 +341,55 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     if not args.no_flower:
         flower_phase(args, rows, extra)
 
-    table = []
-    for name, runs in rows.items():
-        ref = rows[BARE_ALONGSIDE if name in (ENGINE_COLD, ENGINE, BARE_ALONGSIDE) else BARE1]
-        counts = sorted({int(x["trainings"]) for x in runs})
-        evals = sorted({int(x["evaluations"]) for x in runs})
-        best, best_ref = min(x["seconds"] for x in runs), min(x["seconds"] for x in ref)
-        table.append({
-            "row": name, "cores": CORES[name], "torch_threads_per_job": THREADS,
-            "trainings": counts[0] if len(counts) == 1 else counts, "runs": len(runs),
-            "evaluations": evals[0] if len(evals) == 1 else evals,
-            "best_s": best, "median_s": statistics.median(x["seconds"] for x in runs),
-            "cpu_s": min(x["cpu_s"] for x in runs), "trainings_per_s": counts[0] / best, "x_bare": best_ref / best,
-            "x_bare_median": statistics.median(x["seconds"] for x in ref) / statistics.median(
-                x["seconds"] for x in runs),
-            "peak_rss_mb": max(x["peak_rss_mb"] for x in runs),
-        })
+    engine = (ENGINE_COLD, ENGINE)
+    table = [summary(name, runs, rows[BARE_ALONGSIDE if name in (*engine, BARE_ALONGSIDE) else BARE1],
+                     args.num_cpus if name in engine else CORES[name]) for name, runs in rows.items()]
     return {"table": table, "extra": extra, "trainings": args.trainings, "nodes": args.nodes,
             "repeats": args.repeats, "nproc": os.cpu_count(), "torch": torch.__version__,
-            "loadavg": Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else []}
+            "loadavg_start": loadavg_start, "loadavg": _loadavg()}
+
+
+def summary(name: str, runs: list[dict[str, float]], ref: list[dict[str, float]], cores: int) -> dict[str, Any]:
+    """One row of the table: ``runs`` of it against ``ref``, the runs of its bare loop."""
+    def median(key: Callable[[dict], float], of: list[dict[str, float]] = runs) -> float:
+        return statistics.median(key(x) for x in of)
+
+    def one(key: str) -> int | list[int]:  # the row's count, or all the counts its runs had
+        counts = sorted({int(x[key]) for x in runs})
+        return counts[0] if len(counts) == 1 else counts
+
+    best, engine = min(x["seconds"] for x in runs), name in (ENGINE_COLD, ENGINE)
+    return {"row": name, "cores": cores, "torch_threads_per_job": THREADS, "trainings": one("trainings"),
+            "evaluations": one("evaluations"), "computed": max(x["computed"] for x in runs), "runs": len(runs),
+            "best_s": best, "median_s": median(lambda x: x["seconds"]), "cpu_s": min(x["cpu_s"] for x in runs),
+            "trainings_per_s": runs[0]["trainings"] / best, "x_bare": min(x["seconds"] for x in ref) / best,
+            "x_bare_median": median(lambda x: x["seconds"], ref) / median(lambda x: x["seconds"]),
+            "train_ms": None if engine else 1e3 * median(lambda x: x["train_cpu_s"] / x["trainings"]),
+            "other_ms": None if engine else 1e3 * median(lambda x: (x["cpu_s"] - x["train_cpu_s"]) / x["trainings"]),
+            "peak_rss_mb": max(x["peak_rss_mb"] for x in runs)}
+
+
+def _loadavg() -> list[str]:
+    """The 1, 5 and 15-minute load averages (empty off Linux)."""
+    try:
+        return Path("/proc/loadavg").read_text().split()[:3]
+    except OSError:
+        return []
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--trainings", type=int, default=60, help="client trainings per run (a multiple of 10 and --nodes)")
-    ap.add_argument("--nodes", type=int, default=10, help="SuperNodes (IID partitions of MNIST)")
-    ap.add_argument("--repeats", type=int, default=3, help="interleaved runs of every row")
-    ap.add_argument("--examples-per-client", type=int, default=500, help="the app's examples-per-client")
-    ap.add_argument("--local-epochs", type=int, default=1, help="the app's local-epochs")
-    ap.add_argument("--fraction-evaluate", type=float, default=0.0,
-                    help="the app's fraction-evaluate (its default, 0.5, adds federated evaluations; the bare loop has none)")
-    ap.add_argument("--num-cpus", type=int, default=2, help="CPUs for Ray (one ClientApp actor each)")
-    ap.add_argument("--no-flower", action="store_true", help="skip Flower's Simulation Engine (phase 2)")
-    ap.add_argument("--json", action="store_true", help="print the result as JSON")
+    add = ap.add_argument
+    add("--trainings", type=int, default=60, help="client trainings per run (a multiple of 10 and of --nodes)")
+    add("--nodes", type=int, default=10, help="SuperNodes (IID partitions of MNIST)")
+    add("--repeats", type=int, default=3, help="interleaved runs of every row")
+    add("--examples-per-client", type=int, default=500, help="the app's examples-per-client")
+    add("--local-epochs", type=int, default=1, help="the app's local-epochs")
+    add("--fraction-evaluate", type=float, default=0.0, help="the app's (0.5 there; the bare loop evaluates not)")
+    add("--num-cpus", type=int, default=2, help="CPUs for Ray (one ClientApp actor each)")
+    add("--no-flower", action="store_true", help="skip Flower's Simulation Engine (phase 2)")
+    add("--cached-codec", action="store_true", help="add a workers=1 row with another Array codec (an experiment)")
+    add("--json", action="store_true", help="print the result as JSON")
     return ap.parse_args(argv)
 
 
@@ -355,21 +401,29 @@ def main(argv: list[str] | None = None) -> None:
         return
     print(f"{out['trainings']} trainings per run, {out['nodes']} nodes, {out['repeats']} interleaved runs per row; "
           f"torch {out['torch']}, {THREADS} torch thread per job; nproc {out['nproc']}, "
-          f"load average {' '.join(out['loadavg'])} (at the end)")
-    print(f"{'row':<40}{'cores':>6}{'trainings':>10}{'evals':>6}{'best s':>8}{'median s':>9}{'CPU s':>7}{'trainings/s':>12}"
-          f"{'× bare':>7}{'(median)':>9}{'peak RSS MB':>12}")
+          f"load average {' '.join(out['loadavg_start'])} at the start, {' '.join(out['loadavg'])} at the end")
+    columns = [("row", "row", -40, ""), ("cores", "cores", 6, ""), ("trainings", "trainings", 10, ""),
+               ("evals", "evaluations", 6, ""), ("best s", "best_s", 8, ".2f"), ("median s", "median_s", 9, ".2f"),
+               ("CPU s", "cpu_s", 7, ".2f"), ("trainings/s", "trainings_per_s", 12, ".2f"),
+               ("× bare", "x_bare", 7, ".2f"), ("(median)", "x_bare_median", 9, ".2f"),
+               ("train ms", "train_ms", 9, ".1f"), ("other ms", "other_ms", 9, ".2f"),
+               ("peak RSS MB", "peak_rss_mb", 12, ".0f")]
+    print("".join(f"{title:{'<' if w < 0 else '>'}{abs(w)}}" for title, _, w, _ in columns))
     for row in out["table"]:
-        print(f"{row['row']:<40}{row['cores']:>6}{row['trainings']!s:>10}{row['evaluations']!s:>6}{row['best_s']:>8.2f}{row['median_s']:>9.2f}"
-              f"{row['cpu_s']:>7.2f}{row['trainings_per_s']:>12.2f}{row['x_bare']:>7.2f}{row['x_bare_median']:>9.2f}"
-              f"{row['peak_rss_mb']:>12.0f}")
+        cells = ("-" if row[key] is None else format(row[key], f) if f else str(row[key]) for _, key, _, f in columns)
+        print("".join(f"{cell:{'<' if w < 0 else '>'}{abs(w)}}" for cell, (_, _, w, _) in zip(cells, columns)))
+    for row in out["table"]:
+        if row["computed"] != row["trainings"]:
+            print(f"{row['row']}: the ClientApp ran up to {row['computed']} trainings in a run; the jobs beyond "
+                  f"{row['trainings']} were in flight at the end, already running on the pool, and were not used")
     e = out["extra"]
     if e:
-        print(f"Flower engine: simulate() to the ServerApp {e['to_serverapp_s']:.1f} s; the cold run's 1st round "
+        print(f"Flower engine: simulate() to the ServerApp {e['to_serverapp_s']:.1f} s, then to all nodes visible "
+              f"{e['nodes_visible_s']:.1f} s; the cold run's 1st round "
               f"(Ray's start-up, actors, data) {e['cold_first_round_s']:.1f} s; a warm round {e['warm_round_s']:.2f} s; "
               f"whole simulation {e['simulation_s']:.1f} s; Ray's processes {e['ray_processes_rss_mb']:.0f} MB RSS")
-    print(f"trainings/s and × bare from the best runs; × bare = the 1-thread bare loop's time over the row's "
-          f"(engine rows: the bare loop run in the simulation, between them). CPU s: this process only (not Ray's "
-          f"actors). Peak RSS: this process, during the row.")
+    print("× bare: the 1-thread bare loop's best time over the row's (engine rows: the one in the simulation). "
+          "CPU s, train ms, other ms, peak RSS: this process (not Ray's actors).")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -53,12 +54,30 @@ def test_every_row_does_the_same_trainings(bench, mnist_cache):
 
 
 @pytest.mark.mnist
-def test_federated_evaluation_is_counted(bench, mnist_cache):
-    out = bench.measure(bench.parse_args([*TINY, "--fraction-evaluate", "0.4"]))
+def test_evaluations_and_the_codec_row(bench, mnist_cache):
+    out = bench.measure(bench.parse_args([*TINY, "--fraction-evaluate", "0.4", "--cached-codec"]))
     table = {row["row"]: row for row in out["table"]}
+    assert list(table) == [bench.IN1, bench.IN2, bench.BARE1, bench.BARE2, bench.IN1_CODEC]
+    assert all(row["trainings"] == 10 for row in table.values())
     # One FedBuff update, evaluated at its start and its end on 2 of the 5 nodes; the bare loop has none.
     assert table[bench.IN1]["evaluations"] == table[bench.IN2]["evaluations"] == 4
+    assert table[bench.IN1_CODEC]["evaluations"] == 4
     assert table[bench.BARE1]["evaluations"] == 0
+
+
+def test_cached_codec_writes_flowers_bytes_and_is_undone(bench):
+    from flwr.app import Array
+
+    numpy, from_ndarray = Array.numpy, Array.from_numpy_ndarray
+    arrays = [np.arange(12, dtype=np.float32).reshape(3, 4), np.array([1, 2], dtype=np.int64),
+              np.array(2.5), np.ones((2, 3), order="F")]
+    flower = [Array(a) for a in arrays]
+    cached = bench.with_cached_codec(lambda: [(Array(a), Array(a).numpy()) for a in arrays])
+    for a, ref, (arr, back) in zip(arrays, flower, cached):
+        assert arr.data == ref.data and arr.shape == ref.shape and arr.dtype == ref.dtype
+        np.testing.assert_array_equal(back, a)
+        assert back.flags.writeable and back.dtype == a.dtype
+    assert Array.numpy is numpy and Array.from_numpy_ndarray == from_ndarray
 
 
 def test_trainings_must_fill_the_buffer_and_the_rounds(bench):
