@@ -271,7 +271,8 @@ IN1_CODEC = "in-process, workers=1, cached codec"
 BARE1, BARE2 = "bare loop, 1 thread", "bare loop, 2 threads"
 ENGINE_COLD, ENGINE = "Flower engine FedAvg, 1st run (cold)", "Flower engine FedAvg, warm"
 BARE_ALONGSIDE = "bare loop, 1 thread, in the simulation"
-CORES = {IN1: 1, IN2: 2, IN1_CODEC: 1, BARE1: 1, BARE2: 2, BARE_ALONGSIDE: 1}  # threads computing jobs (Ray: --num-cpus)
+#: Threads that compute jobs (the engine's rows: --num-cpus actors).
+CORES = {IN1: 1, IN2: 2, IN1_CODEC: 1, BARE1: 1, BARE2: 2, BARE_ALONGSIDE: 1}
 
 
 def flower_phase(args: argparse.Namespace, rows: dict[str, list], extra: dict[str, float]) -> None:
@@ -419,8 +420,8 @@ def main(argv: list[str] | None = None) -> None:
     e = out["extra"]
     if e:
         print(f"Flower engine: simulate() to the ServerApp {e['to_serverapp_s']:.1f} s, then to all nodes visible "
-              f"{e['nodes_visible_s']:.1f} s; the cold run's 1st round "
-              f"(Ray's start-up, actors, data) {e['cold_first_round_s']:.1f} s; a warm round {e['warm_round_s']:.2f} s; "
+              f"{e['nodes_visible_s']:.1f} s; the cold run's 1st round (Ray's start-up, actors, data) "
+              f"{e['cold_first_round_s']:.1f} s; a warm round {e['warm_round_s']:.2f} s; "
               f"whole simulation {e['simulation_s']:.1f} s; Ray's processes {e['ray_processes_rss_mb']:.0f} MB RSS")
     print("× bare: the 1-thread bare loop's best time over the row's (engine rows: the one in the simulation). "
           "CPU s, train ms, other ms, peak RSS: this process (not Ray's actors).")
