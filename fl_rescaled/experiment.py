@@ -37,6 +37,7 @@ from .runstate import Checkpointing
 from .stepsizes import vanilla_stepsize
 from .strategies import AsyncStrategy, options
 from .tasks import get_task, task_spec
+from .timeline import Timeline, write_run_figures
 
 __all__ = ["RunSpec", "default_taus", "local_training", "make_strategy", "run", "run_batch", "to_json"]
 
@@ -99,11 +100,14 @@ def run(spec: RunSpec, grid: Grid | None = None, *, clock: Clock | None = None,
     if hasattr(task, "prepare"):  # the data, before the run starts: DataUnavailable here, not in a job
         task.prepare()
     strategy = make_strategy(spec)
-    wall = _start(spec, cfg, task, strategy, task.initial_params(spec.seed, spec.quad_x0), grid, clock, observers)
+    timeline = Timeline.sampled(spec.num_clients, seed=spec.seed)
+    wall = _start(spec, cfg, task, strategy, task.initial_params(spec.seed, spec.quad_x0), grid, clock,
+                  [*(observers or []), timeline])
     _in_gradient_units(spec, strategy)
     driver = strategy.last_run
     params = driver.state.x.copy()
     out = _outcome(spec, driver, driver.state.history, params, wall, task)
+    out["staleness"] = timeline.staleness()
     if spec.out:
         odir = Path(spec.out)
         stem = f"{spec.task}_{spec.strategy}_lr{spec.lr:g}_seed{spec.seed}"
@@ -111,6 +115,9 @@ def run(spec: RunSpec, grid: Grid | None = None, *, clock: Clock | None = None,
         out["checkpoint"] = str(save_checkpoint(odir / stem, params, out)[0])
         out["png"] = str(plot_curves(odir / f"{stem}.png", {f"{spec.strategy} α={spec.lr:g}": driver.state.history},
                                      logy=spec.task == "mnist"))
+        t_end, books = out["final_time"], driver.manager.books
+        out.update(write_run_figures(odir, stem, timeline, books, t_end=t_end, title=stem,
+                                     busy=driver.manager.source.busy(books.busy_done, t_end)))
     return out
 
 
