@@ -33,7 +33,11 @@ class Run(Protocol):
 
     @property
     def virtual(self) -> bool:
-        """True on the virtual clock (every worker always online)."""
+        """True on the virtual clock."""
+
+    @property
+    def all_online(self) -> bool:
+        """True when every worker is online for the whole run (the virtual clock, no availability model)."""
 
     @property
     def seed(self) -> int:

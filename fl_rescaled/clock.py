@@ -103,6 +103,7 @@ class WallClock:
     """Real elapsed time since construction (seconds, scaled by ``time_unit``)."""
 
     virtual = False
+    availability = None  # (nodes come and go by themselves)
 
     def __init__(self, time_unit: float = 1.0) -> None:
         if not time_unit > 0 or not math.isfinite(time_unit):

@@ -64,6 +64,10 @@ class RunAPI:
         return self.manager.source.virtual
 
     @property
+    def all_online(self) -> bool:
+        return self.manager.source.virtual and self.manager.clock.availability is None
+
+    @property
     def concurrency(self) -> int:
         return self.manager.population.concurrency
 

@@ -117,7 +117,8 @@ def run(spec: RunSpec, grid: Grid | None = None, *, clock: Clock | None = None,
                                      logy=spec.task == "mnist"))
         t_end, books = out["final_time"], driver.manager.books
         out.update(write_run_figures(odir, stem, timeline, books, t_end=t_end, title=stem,
-                                     busy=driver.manager.source.busy(books.busy_done, t_end)))
+                                     busy=driver.manager.source.busy(books.busy_done, t_end),
+                                     availability=driver.manager.clock.availability))
     return out
 
 

@@ -176,7 +176,7 @@ class AsyncStrategy(Strategy):
             for _ in range(run.concurrency):
                 run.send_next(None)
             return
-        for worker in range(run.n):
+        for worker in run.online_workers():
             self.on_joined(run, worker)
 
     def on_completion(self, run: Run, comp: Completion) -> None:

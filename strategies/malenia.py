@@ -73,14 +73,14 @@ class MaleniaSGD(AsyncStrategy):
         return len(self.state.B)  # one gradient accumulator per worker
 
     def on_start(self, run: Run) -> None:
-        for worker in range(run.n):
+        for worker in run.online_workers():
             run.send(worker)
 
     def _round_done(self, run: Run) -> bool:
         """Every online worker has delivered (and, with S, the harmonic mean of their counts is
         above S/n). A worker whose node is gone (wall clock) is not waited for."""
         st, n = self.state, run.n
-        if run.virtual:  # everyone is online: the running counts decide
+        if run.all_online:  # everyone is online: the running counts decide
             if st.delivered < n:
                 return False
             return self.S is None or n / st.inv_sum > self.S / n

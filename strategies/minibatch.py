@@ -75,7 +75,7 @@ class MinibatchSGD(AsyncStrategy):
         st = self.state
         if run.concurrency < run.n:
             return st.count >= run.concurrency
-        if run.virtual:  # everyone is online: O(1) per arrival
+        if run.all_online:  # everyone is online: O(1) per arrival
             return len(st.arrived) == run.n
         return bool(st.arrived) and all(w in st.arrived for w in run.online_workers())
 

@@ -85,7 +85,7 @@ class RingleaderASGD(AsyncStrategy):
         return int(np.count_nonzero(self.state.b) + np.count_nonzero(self.state.b_next))
 
     def on_start(self, run: Run) -> None:
-        for worker in range(run.n):
+        for worker in run.online_workers():
             run.send(worker)
 
     def _step(self, run: Run, worker: int) -> None:
@@ -131,7 +131,7 @@ class RingleaderASGD(AsyncStrategy):
         """Phase 1 is over when every online worker has a gradient in the table (wall clock: a
         worker whose node left is not waited for)."""
         st = self.state
-        if run.virtual:  # everyone is online: the running count decides (O(1))
+        if run.all_online:  # everyone is online: the running count decides (O(1))
             return st.filled == run.n
         online = run.online_workers()
         return bool(online) and bool(np.all(st.b[online] >= 1))

@@ -30,6 +30,7 @@ class ScriptedRun:
     x: np.ndarray
     taus: Any = None  # a TauTable, or a list of τ_i (default: all 1)
     virtual: bool = True
+    all_online: bool = True
     online: set[int] | None = None
     nodes: list[int] | None = None
     version: int = 0

@@ -138,6 +138,8 @@ class AsyncClientManager:
         if self.population.sampled and self.source.virtual:
             self.taus, self.periods_online = self.population.periods(self.clock, weights)
             self.source.last_delivery = np.zeros(n)
+        elif self.source.virtual:  # every worker busy whenever online: the offline ones join when they come
+            self.source.returns(np.flatnonzero(~self._online_mask(np.arange(n))))
 
     def online_workers(self) -> list[int]:
         if self.source.virtual and self.clock.availability is not None:
@@ -228,6 +230,8 @@ class AsyncClientManager:
         w = job.worker
         self.books.ended(w, "cancelled")
         self._if_idle(w)
+        for obs in self.observers:
+            obs.job_cancelled(job, self.clock.now)
         spent = self.source.cancel(job)
         if spent is not None:
             self.books.busy_done[w] += spent

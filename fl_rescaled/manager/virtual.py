@@ -79,6 +79,13 @@ class VirtualSource:
                 self._cut[job.message_id] = t = off
         heapq.heappush(self._heap, (t, w, job.job_id, job.message_id))
 
+    def returns(self, workers: np.ndarray) -> None:
+        """Tell the manager when each of ``workers`` (offline now) comes online (``joined``)."""
+        if self.availability is not None and workers.size:
+            for w, t in zip(workers.tolist(), self.availability.next_on_many(workers, self.clock.now).tolist()):
+                if np.isfinite(t):
+                    heapq.heappush(self._events, (t, JOINED, w))
+
     def park(self, idle: np.ndarray) -> None:
         """A slot found no idle client online: wake it when the first of ``idle`` comes back."""
         if self.availability is not None and idle.size:
