@@ -238,8 +238,7 @@ class AsyncClientManager:
             self.books.wasted[w] += spent
 
     def cancel_all(self) -> None:
-        for job in list(self.transport.inflight.values()):
-            self.cancel(job)
+        list(map(self.cancel, list(self.transport.inflight.values())))
 
     def _cancelled_reply(self, job: Job, rep: Message) -> None:
         """The reply of a cancelled job came (wall clock): its compute time is wasted work."""
