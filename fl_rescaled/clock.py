@@ -145,3 +145,12 @@ def default_clock(grid: AsyncGrid, taus: list[float] | None, num_workers: int | 
     if taus is not None:
         raise ValueError("taus define a virtual clock; this Grid runs on the wall clock (pass clock=...)")
     return WallClock()
+
+
+def time_unit(clock: Clock) -> str:
+    """How a time of ``clock`` reads in a log line: " units" (virtual), " s" (the wall clock in
+    seconds) or " × 0.02 s" (the wall clock in units of ``time_unit`` seconds)."""
+    if clock.virtual:
+        return " units"
+    unit = getattr(clock, "time_unit", 1.0)
+    return " s" if unit == 1.0 else f" × {unit:g} s"

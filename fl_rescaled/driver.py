@@ -24,10 +24,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 
 from .checkpoints import CheckpointError
-from .clock import Clock, default_clock
+from .clock import Clock, default_clock, time_unit
 from .errors import RunFailed, client_error_text
 from .grid_api import as_async_grid
 from .layout import ModelLayout
@@ -125,7 +125,12 @@ class RunAPI:
         return self.manager.model_of(job)
 
     def job_config(self) -> dict | None:
-        return self.config
+        """The strategy's per-job config (``configure_job``), when it has one."""
+        if not self.configures_jobs:
+            return None
+        cfg = self.strategy.configure_job(ConfigRecord(self.manager.train_config), updates=self.version,
+                                          time=float(self.manager.clock.now))
+        return dict(cfg.items())
 
 
 class FailureCheck:
@@ -198,10 +203,10 @@ class Driver(RunAPI):
             schedule = EvalSchedule(self.budget / num_evaluations, None)
         else:
             schedule = EvalSchedule(math.inf, max(1, math.ceil(self.max_updates / num_evaluations)))
-        self.state = RunState(x=x, carried=carried, schedule=schedule, window=MetricWindow(strategy.weighted_by_key),
-                              replica_lrs=lrs)
+        window = MetricWindow(strategy.weighted_by_key, kept=None if strategy.train_metrics_aggr_fn is None else [])
+        self.state = RunState(x=x, carried=carried, schedule=schedule, window=window, replica_lrs=lrs)
         self._scratch = np.empty(0, x.dtype)  # (sized at the first step)
-        self.config = strategy.job_config()
+        self.configures_jobs = strategy.configures_jobs
         self.plan = None if checkpoint is None else checkpoint.covering(strategy, self.layout, self.budget,
                                                                          self.max_updates)
         per_partition = taus is not None or strategy.target_weights() is not None or settings.worker_config is not None
@@ -222,11 +227,13 @@ class Driver(RunAPI):
             configrecord_key=strategy.configrecord_key, train_config=cfg, ttl=timeout, observers=observers,
             replicas=1 if lrs is None else lrs.size, settings=settings)
         fed = FederatedEvaluation(self.grid, evaluate_config, timeout, fraction=strategy.fraction_evaluate,
-                                  weighted_by_key=strategy.weighted_by_key, arrayrecord_key=strategy.arrayrecord_key,
-                                  configrecord_key=strategy.configrecord_key)
+                                  min_nodes=strategy.min_evaluate_nodes, weighted_by_key=strategy.weighted_by_key,
+                                  arrayrecord_key=strategy.arrayrecord_key, configrecord_key=strategy.configrecord_key,
+                                  aggregate=strategy.evaluate_metrics_aggr_fn)
         bar = ProgressBar(self.budget if self.by_time else float(self.max_updates), enabled=progress,
                           label=strategy.name)
-        self.evaluations = Evaluations(self.grid, evaluate_fn, fed, bar)
+        self.evaluations = Evaluations(self.grid, evaluate_fn, fed, bar, train_aggregate=strategy.train_metrics_aggr_fn,
+                                       on_evaluation=strategy.on_evaluation, unit=time_unit(clock))
         self.check = FailureCheck(1)
         self.next_checkpoint = math.inf
         self.wall_seconds = 0.0
@@ -261,7 +268,8 @@ class Driver(RunAPI):
         result.arrays = self.layout.to_record(state.x, state.carried)
         for target, metrics in ((result.train_metrics_clientapp, state.train_metrics),
                                 (result.evaluate_metrics_clientapp, state.client_metrics),
-                                (result.evaluate_metrics_serverapp, state.server_metrics)):
+                                (result.evaluate_metrics_serverapp, state.server_metrics),
+                                (result.progress, state.progress)):
             target.update({step: MetricRecord(values) for step, values in metrics.items()})
         result.books = MetricRecord(manager.books_totals())
         try:

@@ -14,12 +14,12 @@ from __future__ import annotations
 import io
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
@@ -64,6 +64,8 @@ class AsyncStrategy(Strategy):
         Fraction of the nodes that evaluate the global model with their ``@app.evaluate`` at each
         evaluation point (as FedAvg's); their aggregated metrics fill
         ``Result.evaluate_metrics_clientapp``. 0 turns federated evaluation off.
+    min_evaluate_nodes : int (default: 2)
+        FedAvg's: the least number of nodes that evaluate (at most every online node).
     weighted_by_key : str (default: "num-examples")
         The reply metric used as the weight when metrics are averaged.
     arrayrecord_key : str (default: "arrays")
@@ -86,6 +88,12 @@ class AsyncStrategy(Strategy):
     min_available_nodes : int (default: 1)
         FedAvg's: wait for this many nodes before the first job (FedAvg's default is 2; an
         asynchronous run can start with one).
+    train_metrics_aggr_fn : callable, optional
+        FedAvg's: ``fn(list[RecordDict], weighted_by_key) -> MetricRecord`` aggregates the metrics of
+        the replies of each evaluation window (default: FedAvg's weighted average, lists element
+        by element, the weight key left out).
+    evaluate_metrics_aggr_fn : callable, optional
+        FedAvg's: the same for the federated evaluation's replies.
     """
 
     #: Short name used on the command line and in reports.
@@ -110,6 +118,9 @@ class AsyncStrategy(Strategy):
         fraction_train: float = 1.0,
         min_train_nodes: int = 2,
         min_available_nodes: int = 1,
+        min_evaluate_nodes: int = 2,
+        train_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
+        evaluate_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
     ) -> None:
         if isinstance(lr, bool) or not (isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr)):
             raise ValueError(f"the cycle stepsize lr (α) must be positive, got {lr!r}")
@@ -124,10 +135,15 @@ class AsyncStrategy(Strategy):
             raise ValueError(f"fraction_evaluate must be in [0, 1], got {fraction_evaluate!r}")
         if max_consecutive_rejections is not None and max_consecutive_rejections < 1:
             raise ValueError("max_consecutive_rejections must be at least 1")
-        for name, value in (("concurrency", concurrency), ("min_train_nodes", min_train_nodes),
-                            ("min_available_nodes", min_available_nodes)):
-            if value is not None and (isinstance(value, bool) or int(value) != value or value < 1):
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name, value, least in (("concurrency", concurrency, 1), ("min_train_nodes", min_train_nodes, 1),
+                                   ("min_available_nodes", min_available_nodes, 1),
+                                   ("min_evaluate_nodes", min_evaluate_nodes, 0)):
+            if value is not None and (isinstance(value, bool) or int(value) != value or value < least):
+                raise ValueError(f"{name} must be an integer of at least {least}, got {value!r}")
+        for name, fn in (("train_metrics_aggr_fn", train_metrics_aggr_fn),
+                         ("evaluate_metrics_aggr_fn", evaluate_metrics_aggr_fn)):
+            if fn is not None and not callable(fn):
+                raise ValueError(f"{name} must be a function (list[RecordDict], str) -> MetricRecord")
         if not 0.0 < fraction_train <= 1.0:
             raise ValueError(f"fraction_train must be in (0, 1], got {fraction_train!r}")
         if concurrency is not None and jobs_per_node != 1:
@@ -144,6 +160,8 @@ class AsyncStrategy(Strategy):
         self.concurrency = None if concurrency is None else int(concurrency)
         self.fraction_train, self.min_train_nodes = float(fraction_train), int(min_train_nodes)
         self.min_available_nodes = int(min_available_nodes)
+        self.min_evaluate_nodes = int(min_evaluate_nodes)
+        self.train_metrics_aggr_fn, self.evaluate_metrics_aggr_fn = train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         #: The algorithm's state (``State``); a run starts with a fresh one (``init_state``).
         self.state: Any = self.State()
         #: The driver of the last run started (its manager, books and state stay readable after it).
@@ -196,9 +214,25 @@ class AsyncStrategy(Strategy):
         for _ in range(self.jobs_per_node):
             run.send(worker)
 
-    def job_config(self) -> dict | None:
-        """Extra config every job of this strategy carries; default none."""
-        return None
+    def configure_job(self, config: ConfigRecord, *, updates: int, time: float) -> ConfigRecord:
+        """The config of the next job: ``train_config`` as given to ``start`` (a copy), changed as the
+        strategy wants. The asynchronous counterpart of FedAvg's ``configure_train``: override it for a
+        learning-rate schedule by the number of server updates so far (``updates``, FedAvg's
+        ``server_round - 1``) or by the run's ``time``. The job's tags are added after. Default: as is."""
+        del updates, time
+        return config
+
+    @property
+    def configures_jobs(self) -> bool:
+        """Whether ``configure_job`` is overridden (else no per-job config is built)."""
+        return type(self).configure_job is not AsyncStrategy.configure_job
+
+    def on_evaluation(self, step: int, arrays: ArrayRecord, metrics: dict[str, MetricRecord]) -> None:
+        """Called at every evaluation point, in order, once its evaluations are done: ``step`` is its
+        number, ``arrays`` the model there, ``metrics`` its records by name (``train``, ``server``:
+        what ``evaluate_fn`` returned, ``federated``, ``progress``: time and updates). Override it to
+        save the best model or append to a results file (FedAvg users do it in ``evaluate_fn``;
+        both work). Default: nothing."""
 
     def target_weights(self) -> Sequence[float] | None:
         """Per-partition target weights, if the method has them (then the run needs the partition query)."""
