@@ -124,11 +124,13 @@ class WallClock:
         del t
 
 
-def default_clock(grid: AsyncGrid, taus: list[float] | None, num_workers: int | None, partition_query: bool) -> Clock:
+def default_clock(grid: AsyncGrid, taus: list[float] | None, num_workers: int | None, partition_query: bool,
+                  uses_tau: bool = True) -> Clock:
     """A virtual clock on a Grid with virtual time (in-process), else (Flower's runtimes) the wall clock.
 
     The virtual clock's τ_i: ``taus`` (per partition), else each node's ``tau`` node-config key (1 if
-    unset), in worker order.
+    unset), in worker order. For a strategy whose steps follow τ (``uses_tau``), one warning when
+    every τ is the same.
     """
     if grid.virtual_time:
         if taus is None:
@@ -138,7 +140,7 @@ def default_clock(grid: AsyncGrid, taus: list[float] | None, num_workers: int | 
             taus = [float(grid.node_config(n).get("tau", 1.0)) for n in nodes]
             if num_workers is not None:
                 taus = taus[:num_workers]
-            if len(set(taus)) == 1 and len(taus) > 1:
+            if uses_tau and len(set(taus)) == 1 and len(taus) > 1:
                 log.warning("every node's compute time τ is %g (set 'tau' in the node configs or pass "
                             "taus): time-proportional stepsizes change nothing", taus[0])
         return VirtualClock(DelayModel(taus, "fixed"))

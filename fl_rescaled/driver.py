@@ -33,7 +33,7 @@ from .grid_api import as_async_grid
 from .layout import ModelLayout
 from .manager import NODE_GONE, AsyncClientManager, Completion, Job, ManagerObserver, ManagerSettings
 from .metrics import ProgressBar
-from .reporting import AsyncResult, EvaluateFn, Evaluations, FederatedEvaluation, MetricWindow
+from .reporting import AsyncResult, EvaluateFn, Evaluations, FederatedEvaluation, MetricWindow, report_result
 from .runstate import Checkpointing, EvalSchedule, RunState, budgets, load, save
 from .stepsizes import TauTable
 
@@ -215,7 +215,7 @@ class Driver(RunAPI):
         elif per_partition and not partition_query:
             raise ValueError("per-partition settings (taus, weights, worker_config) need partition_query=True")
         if clock is None:
-            clock = default_clock(self.grid, taus, num_workers, partition_query)
+            clock = default_clock(self.grid, taus, num_workers, partition_query, strategy.uses_tau)
         elif taus is not None:
             raise ValueError("give either clock or taus, not both")
         if clock.virtual and num_workers is None:
@@ -276,6 +276,7 @@ class Driver(RunAPI):
             manager.books.check_balance()  # every job sent is accounted for, per worker
         except AssertionError as exc:
             raise RunFailed(str(exc), manager.books_totals()) from None
+        report_result(result)
         return result
 
     def _loop(self) -> None:

@@ -6,9 +6,11 @@ from __future__ import annotations
 import logging
 import math
 import random
+import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -111,6 +113,28 @@ class MetricWindow:
             return dict(aggregate(recs, self.key))
         return {k: ([e / self.weights[k] for e in v] if isinstance(v, list) else v / self.weights[k])
                 for k, v in self.sums.items()}
+
+
+_CAPTURE = threading.local()
+
+
+@contextmanager
+def captured_results() -> Iterator[list[AsyncResult]]:
+    """The results of the asynchronous runs this thread finishes inside the ``with`` block
+    (``run_inprocess`` returns the ServerApp's this way: Flower's ServerApp returns nothing)."""
+    saved = getattr(_CAPTURE, "results", None)
+    _CAPTURE.results = results = []
+    try:
+        yield results
+    finally:
+        _CAPTURE.results = saved
+
+
+def report_result(result: AsyncResult) -> None:
+    """Hand ``result`` to the ``captured_results`` block this thread is in, if any."""
+    results = getattr(_CAPTURE, "results", None)
+    if results is not None:
+        results.append(result)
 
 
 def _number(v: Any) -> bool:

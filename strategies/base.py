@@ -102,6 +102,10 @@ class AsyncStrategy(Strategy):
     default_reply = "gradient"
     #: False for the round-based methods, which keep exactly one job per worker.
     restarts_at_once = True
+    #: Whether the steps follow each worker's τ (the τ-proportional rules; a warning says when all τ are equal).
+    uses_tau = False
+    #: Whether ``lr`` (α) sets the steps (False: the clients' own learning rate does; not shown as a setting).
+    uses_lr = True
 
     def __init__(
         self,
@@ -243,7 +247,7 @@ class AsyncStrategy(Strategy):
         return 0
 
     def describe(self) -> dict[str, Any]:
-        out = {"strategy": self.name, "lr": self.lr, "reply": self.reply}
+        out = {"strategy": self.name, **({"lr": self.lr} if self.uses_lr else {}), "reply": self.reply}
         if self.concurrency is not None or self.fraction_train != 1.0:
             out.update(concurrency=self.concurrency, fraction_train=self.fraction_train)
         return out

@@ -67,6 +67,7 @@ class RescaledASGD(ASGD):
     """
 
     name = "rescaled"
+    uses_tau = True
 
     def __init__(self, *, weights: Sequence[float] | None = None, by: str = "rate", max_ratio: float | None = 10.0,
                  **kwargs: Any) -> None:

@@ -334,3 +334,22 @@ def test_rescaled_with_model_replies_and_unequal_curvature_has_the_local_steps_d
     exact = (1 * 4.0 + 4 * -3.0) / 5  # the minimiser of F_1 + F_2
     assert abs(drift - exact) > 0.2
     assert _quadratic("rescaled", a, taus) == pytest.approx(drift, abs=0.02)
+
+
+def test_a_reply_in_a_wider_dtype_is_never_narrowed_a_narrower_one_is_cast_up():
+    """As FedAvg's averaging promotes: a float32 reply to a float64 model is cast up and applied; a
+    float64 reply to a float32 model (or floats for an integer array) is refused, naming both dtypes."""
+    from fl_rescaled.errors import RejectedReply
+    from fl_rescaled.layout import ModelLayout
+
+    wide, _, _ = ModelLayout.of(ArrayRecord({"w": Array(np.zeros(3)), "n": Array(np.zeros(1, np.int64))}))
+    narrow, _, _ = ModelLayout.of(ArrayRecord({"w": Array(np.zeros(3, np.float32))}))
+    up = ArrayRecord({"w": Array(np.full(3, 0.1, np.float32)), "n": Array(np.ones(1, np.int32))})
+    flat, carried = wide.flatten(up)
+    assert flat.dtype == np.float64 and flat.tolist() == [float(np.float32(0.1))] * 3
+    assert carried["n"].dtype == np.int64 and carried["n"].tolist() == [1]
+    for layout, rec in ((narrow, ArrayRecord({"w": Array(np.zeros(3))})),
+                        (wide, ArrayRecord({"w": Array(np.zeros(3)), "n": Array(np.ones(1))}))):
+        with pytest.raises(RejectedReply, match="never narrowed") as info:
+            layout.flatten(rec)
+        assert info.value.reason == "wrong-dtype"

@@ -282,15 +282,15 @@ class AsyncClientManager:
         if lost is not None or reply is None:
             comp.rejected = lost or "lost"
             comp.detail = _LOST_DETAIL.get(comp.rejected, "no reply")
-            (log.debug if comp.rejected == "offline" else log.warning)("job %d (worker %d) lost: %s", job.job_id, w,
-                                                                        comp.rejected)
+            (log.debug if comp.rejected == "offline" else log.warning)("job %d (%s) lost: %s", job.job_id,
+                                                                        self.membership.name(w), comp.rejected)
         else:
             try:
                 self._read_reply(comp, reply)
             except RejectedReply as rej:
                 comp.rejected, comp.detail = rej.reason, rej.detail
-                log.warning("%s the reply to job %d (worker %d): %s", "lost" if is_lost(rej.reason) else "rejected",
-                            job.job_id, w, rej)
+                log.warning("%s the reply to job %d (%s): %s", "lost" if is_lost(rej.reason) else "rejected",
+                            job.job_id, self.membership.name(w), rej)
         if comp.ok:
             self.books.busy_done[w] += self.source.accepted(job, comp.metrics)
             self.books.ended(w, "applied")

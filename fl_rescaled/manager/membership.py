@@ -56,6 +56,13 @@ class Membership:
         self._next_refresh = 0.0
         transport.on_hello = self.hello_answered
 
+    def name(self, worker: int) -> str:
+        """One name for a client in every log line: its partition when the workers are numbered by
+        partition, else its node (workers are then the nodes in node-id order)."""
+        if self.roster.partition_query:
+            return f"partition {worker}"
+        return f"node {self.roster.node_ids[worker]}"
+
     def use(self, roster: Roster) -> None:
         """Take ``roster`` (a fresh one, or a checkpoint's) as the workers' nodes."""
         self.roster = roster
@@ -164,7 +171,7 @@ class Membership:
         for i, node in enumerate(roster.node_ids):
             if roster.online[i] and node not in current and not self.has_jobs(i):
                 self.set_online(i, False)
-                log.warning("worker %d (node %d) left", i, node)
+                log.warning("%s left", self.name(i))
             elif not roster.online[i] and node in current:
                 if not roster.partition_query:  # (no query to probe it with) listed again: back
                     self.rejoin(i, node)
@@ -212,7 +219,8 @@ class Membership:
         if not roster.online[worker] or old != node:
             self.set_online(worker, True)
             self.joined.append(worker)
-            log.warning("worker %d (re)joined on node %d", worker, node)
+            log.warning("%s (re)joined%s", self.name(worker),
+                        f" on node {node}" if self.roster.partition_query else "")
 
     def pop_joined(self) -> list[int]:
         joined, self.joined = self.joined, []
