@@ -100,7 +100,8 @@ class VirtualClock:
 
 
 class WallClock:
-    """Real elapsed time since construction (seconds, scaled by ``time_unit``)."""
+    """Real elapsed time since construction or ``restart`` (seconds, scaled by ``time_unit``);
+    while ``held`` it reads 0 (a run's budget starts when the first node is ready)."""
 
     virtual = False
     availability = None  # (nodes come and go by themselves)
@@ -109,15 +110,23 @@ class WallClock:
         if not time_unit > 0 or not math.isfinite(time_unit):
             raise ValueError("time_unit must be positive")
         self.time_unit = time_unit
-        self._t0 = time.monotonic()
+        self._t0: float | None = time.monotonic()
 
     @property
     def now(self) -> float:
-        return (time.monotonic() - self._t0) / self.time_unit
+        return 0.0 if self._t0 is None else (time.monotonic() - self._t0) / self.time_unit
+
+    @property
+    def held(self) -> bool:
+        return self._t0 is None
+
+    def hold(self) -> None:
+        """Read 0 until ``restart``: a run's budget does not count start-up (Ray's, a SuperLink's)."""
+        self._t0 = None
 
     def restart(self, at: float = 0.0) -> None:
-        """Count time from now, starting at ``at`` time units (a run's budget starts at its first
-        job, not at start-up; a resumed run goes on from its checkpoint's time)."""
+        """Count time from now, starting at ``at`` time units (a run's budget starts when its first
+        node is ready: its first reply; a resumed run goes on from its checkpoint's time)."""
         self._t0 = time.monotonic() - at * self.time_unit
 
     def advance(self, t: float) -> None:  # wall time advances by itself

@@ -256,7 +256,7 @@ class Driver(RunAPI):
             state.answered = np.zeros(manager.num_workers, bool)
             state.algorithm = strategy.state = strategy.init_state(self)
             if not manager.source.virtual:
-                manager.clock.restart()  # the wall-clock budget counts from the first job sent
+                manager.clock.hold()  # the wall-clock budget counts from the first reply: a node is ready
             self._plan_checkpoints()
             wall0 = time.perf_counter()
             strategy.on_start(self)

@@ -332,7 +332,8 @@ class AsyncStrategy(Strategy):
             start (step 0), at every evaluation point and at the end.
         time_budget : float, optional
             Stop when the clock reaches this time: virtual time units, or on the wall clock
-            seconds / ``time_unit`` counted from the first job sent.
+            seconds / ``time_unit`` counted from the first reply (when a node is ready: Ray's or a
+            SuperLink's start-up is not counted).
         clock : VirtualClock or WallClock, optional
             Default: on ``InProcessGrid`` a virtual clock with each node's ``tau`` from its node
             config (1 if unset); on Flower's runtimes the wall clock, with τ_i estimated online.

@@ -353,3 +353,28 @@ def test_a_reply_in_a_wider_dtype_is_never_narrowed_a_narrower_one_is_cast_up():
         with pytest.raises(RejectedReply, match="never narrowed") as info:
             layout.flatten(rec)
         assert info.value.reason == "wrong-dtype"
+
+
+def test_a_wall_clock_time_budget_starts_when_the_first_node_is_ready():
+    """On Flower's runtimes the nodes take a while to start (Ray's actors, a SuperNode's process):
+    the budget starts at the first reply, so a budget shorter than the start-up still trains, and
+    the first evaluation point already has updates. (Each node here sleeps 0.5 s before its first
+    job, longer than the whole 0.3 s budget; before the budget started at the first reply this run
+    ended with no update at all.)"""
+    inner, started = fedavg_client(), set()
+
+    class SlowStart(ClientApp):
+        def __call__(self, message, context):
+            if context.node_id not in started:
+                started.add(context.node_id)
+                time.sleep(0.5)
+            return inner(message, context)
+
+    grid = grid_of(SlowStart(), threaded=True)
+    try:
+        result = RescaledASGD(reply="model").start(grid=grid, initial_arrays=initial(), train_config={"lr": 0.05},
+                                                   time_budget=0.3)
+    finally:
+        grid.close()
+    assert result.books["updates"] > 0
+    assert result.progress[1]["updates"] >= 1  # the first reply was applied at t = 0, before point 1
