@@ -336,9 +336,10 @@ class Driver(RunAPI):
 
     def evaluate(self, t: float) -> None:
         manager, state = self.manager, self.state
-        online = [manager.membership.roster.node_ids[w] for w in manager.online_workers()]
+        ids = manager.membership.roster.node_ids
         self.evaluations.point(state, t, manager.summary(t), lambda: self.layout.to_record(state.x, state.carried),
-                               online, self.strategy.stored_vectors(), self.by_time)
+                               lambda: [ids[w] for w in manager.online_workers()], self.strategy.stored_vectors(),
+                               self.by_time)
 
     # ---------------------------------------------------------------- checkpoints
     def _plan_checkpoints(self) -> None:

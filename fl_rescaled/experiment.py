@@ -315,6 +315,7 @@ def _outcome(spec: RunSpec, driver, history: list[dict[str, Any]], params: np.nd
         "stored_vectors_max": max(h["stored_vectors"] for h in history),
         "books": manager.books_totals(),
         "wall_seconds": wall,
+        "loop_seconds": driver.wall_seconds,
         "tau_stats": tau_stats(spec.taus),
     }
     if "accuracy" in final:

@@ -219,8 +219,9 @@ class Evaluations:
         self.pending: deque[tuple] = deque()  # the points whose central evaluation may still run
 
     def point(self, state: Any, t: float, books_row: dict[str, Any], arrays: Callable[[], ArrayRecord],
-              online_nodes: list[int], stored_vectors: int, by_time: bool) -> None:
-        """One evaluation point at time ``t`` of the run whose state is ``state`` (a ``RunState``)."""
+              online_nodes: Callable[[], list[int]], stored_vectors: int, by_time: bool) -> None:
+        """One evaluation point at time ``t`` of the run whose state is ``state`` (a ``RunState``);
+        ``online_nodes`` is asked only when a federated evaluation runs (a population can be large)."""
         step = state.schedule.step
         row: dict[str, Any] = {"time": float(t), **books_row, "stored_vectors": stored_vectors}
         progress = {"time": float(t), "updates": books_row["updates"], "replies": state.window.replies,
@@ -237,7 +238,7 @@ class Evaluations:
             state.train_metrics[step] = train
         fed = None
         if self.fed_eval.fraction > 0:
-            fed = self.fed_eval.run(step, record or arrays(), online_nodes)
+            fed = self.fed_eval.run(step, record or arrays(), online_nodes())
         if fed is not None:
             row["evaluate_metrics"] = fed
             state.client_metrics[step] = fed

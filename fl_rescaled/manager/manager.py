@@ -344,7 +344,7 @@ class AsyncClientManager:
         src = self.source
         virtual = isinstance(src, VirtualSource)
         return ManagerState(
-            books=self.books, roster=self.membership.roster, taus=list(self.taus.taus), active=list(self.taus.active),
+            books=self.books, roster=self.membership.roster, taus=list(self.taus.taus), active=[bool(a) for a in self.taus.active],
             clock_now=float(self.clock.now), delays=self.clock.delays.state() if virtual else {},
             free_at=src.free_at if virtual else np.zeros(0),
             last_delivery=src.last_delivery if virtual else np.zeros(0),

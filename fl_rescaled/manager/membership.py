@@ -81,7 +81,7 @@ class Membership:
         deadline = time.monotonic() + timeout
         need = max(min_nodes, num_workers or 1)
         while True:
-            nodes = sorted(int(n) for n in self.grid.get_node_ids())
+            nodes = sorted(map(int, self.grid.get_node_ids()))
             if len(nodes) >= need:
                 break
             if time.monotonic() > deadline:
@@ -99,7 +99,7 @@ class Membership:
         """A restarted server (wall clock): find the nodes again and give each worker its node (by
         partition with the partition query, else in node-id order); workers without one are offline."""
         deadline = time.monotonic() + timeout
-        nodes = sorted(int(n) for n in self.grid.get_node_ids())
+        nodes = sorted(map(int, self.grid.get_node_ids()))
         order = self._order_by_partition(nodes, deadline) if self.roster.partition_query else nodes
         roster = self.roster
         for i in range(len(roster.node_ids)):
