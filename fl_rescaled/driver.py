@@ -205,7 +205,7 @@ class Driver(RunAPI):
         self.manager = AsyncClientManager(
             self.grid, clock, layout=self.layout, reply=strategy.reply, arrayrecord_key=strategy.arrayrecord_key,
             configrecord_key=strategy.configrecord_key, train_config=cfg, ttl=timeout, observers=observers,
-            replicas=1 if lrs is None else lrs.size, settings=settings)
+            replicas=1 if lrs is None else lrs.size, settings=settings, bound=strategy.update_bound())
         fed = FederatedEvaluation(self.grid, evaluate_config, timeout, fraction=strategy.fraction_evaluate,
                                   weighted_by_key=strategy.weighted_by_key, arrayrecord_key=strategy.arrayrecord_key,
                                   configrecord_key=strategy.configrecord_key)
@@ -238,6 +238,7 @@ class Driver(RunAPI):
             wall0 = time.perf_counter()
             strategy.on_start(self)
         self.check = FailureCheck(strategy.max_consecutive_rejections or max(20, 2 * manager.num_workers))
+        state = self.state  # (resumed: the state read from the checkpoint)
         self._loop()
         self.evaluations.bar.close()
         self.wall_seconds = time.perf_counter() - wall0

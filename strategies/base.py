@@ -23,6 +23,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
+from fl_rescaled.bounds import OUTLIER_FACTOR, Chain, of_options
 from fl_rescaled.clock import Clock
 from fl_rescaled.algorithm import Run
 from fl_rescaled.driver import Driver
@@ -74,6 +75,18 @@ class AsyncStrategy(Strategy):
         The run stops with ``RunFailed`` when this many replies in a row are rejected (lost jobs
         of nodes that left do not count). It also stops when every worker has answered and no
         reply could be used.
+    outlier_factor : float, optional (default: 300)
+        Reject an update (a reply's direction g) whose L2 norm is more than this many times the
+        median of the workers' latest accepted norms (``fl_rescaled.bounds.outlier_guard``, which
+        says how the start of a run is judged and what the guard cannot catch); it is booked as
+        ``rejected.outlier``, the model untouched. ``none`` turns the guard off.
+    adaptive_clip : float, optional (default: none)
+        Clip every accepted update to an online estimate of this quantile (in (0, 1)) of the
+        accepted norms (``fl_rescaled.bounds.adaptive_clip``, after Andrew et al., 2021).
+    clip_norm : float, optional (default: none)
+        Scale an update whose L2 norm exceeds this down to it. The only bound that also holds for
+        the first reply of a run. The three apply in this order (guard, adaptive clip, clip), to
+        each reply on its own; runs of batched replicas apply none.
     """
 
     #: Short name used on the command line and in reports.
@@ -94,6 +107,9 @@ class AsyncStrategy(Strategy):
         arrayrecord_key: str = "arrays",
         configrecord_key: str = "config",
         max_consecutive_rejections: int | None = None,
+        outlier_factor: float | None = OUTLIER_FACTOR,
+        adaptive_clip: float | None = None,
+        clip_norm: float | None = None,
     ) -> None:
         if isinstance(lr, bool) or not (isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr)):
             raise ValueError(f"the cycle stepsize lr (α) must be positive, got {lr!r}")
@@ -116,6 +132,8 @@ class AsyncStrategy(Strategy):
         self.arrayrecord_key = arrayrecord_key
         self.configrecord_key = configrecord_key
         self.max_consecutive_rejections = max_consecutive_rejections
+        self.outlier_factor, self.adaptive_clip, self.clip_norm = outlier_factor, adaptive_clip, clip_norm
+        self.update_bound()  # (validates them)
         #: The algorithm's state (``State``); a run starts with a fresh one (``init_state``).
         self.state: Any = self.State()
         #: The driver of the last run started (its manager, books and state stay readable after it).
@@ -167,8 +185,14 @@ class AsyncStrategy(Strategy):
         """How many model-sized vectors the server holds besides the model (gradient memory)."""
         return 0
 
+    def update_bound(self) -> Chain:
+        """The bounds every update passes before ``on_completion`` (``fl_rescaled.bounds``)."""
+        return of_options(clip_norm=self.clip_norm, adaptive_quantile=self.adaptive_clip,
+                          outlier_factor=self.outlier_factor)
+
     def describe(self) -> dict[str, Any]:
-        return {"strategy": self.name, "lr": self.lr, "reply": self.reply}
+        return {"strategy": self.name, "lr": self.lr, "reply": self.reply, "outlier_factor": self.outlier_factor,
+                "adaptive_clip": self.adaptive_clip, "clip_norm": self.clip_norm}
 
     def local_lr(self, gamma_v: float, steps: int) -> float:
         """The local learning rate of ``steps`` local SGD steps per job (model replies) under the α

@@ -79,7 +79,7 @@ class MaleniaSGD(AsyncStrategy):
         """Every online worker has delivered (and, with S, the harmonic mean of their counts is
         above S/n). A worker whose node is gone (wall clock) is not waited for."""
         st, n = self.state, run.n
-        if run.virtual:  # everyone is online: the running counts decide
+        if run.virtual and run.taus.n_active == run.n:  # everyone is online: the running counts decide
             if st.delivered < n:
                 return False
             return self.S is None or n / st.inv_sum > self.S / n

@@ -58,7 +58,7 @@ class MinibatchSGD(AsyncStrategy):
         """Every online worker has delivered this round's gradient (wall clock: a worker whose
         node left is not waited for)."""
         arrived = self.state.arrived
-        if run.virtual:  # everyone is online: O(1) per arrival
+        if run.virtual and run.taus.n_active == run.n:  # everyone is online: O(1) per arrival
             return len(arrived) == run.n
         return bool(arrived) and all(w in arrived for w in run.online_workers())
 

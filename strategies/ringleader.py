@@ -130,7 +130,7 @@ class RingleaderASGD(AsyncStrategy):
         """Phase 1 is over when every online worker has a gradient in the table (wall clock: a
         worker whose node left is not waited for)."""
         st = self.state
-        if run.virtual:  # everyone is online: the running count decides (O(1))
+        if run.virtual and run.taus.n_active == run.n:  # everyone is online: the running count decides (O(1))
             return st.filled == run.n
         online = run.online_workers()
         return bool(online) and bool(np.all(st.b[online] >= 1))

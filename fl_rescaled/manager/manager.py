@@ -13,8 +13,10 @@ worker, or to ``send_next`` one to whichever worker the selection seam picks, an
 - a ``Selector``: who gets the next job.
 
 Here a reply is validated against the model layout (``reply="model"``: the trained model becomes
-the pseudo-gradient x_sent − y), and the manager's part of the run's state is read and written
-(``state``, ``resume``).
+the pseudo-gradient x_sent − y), its update passes the strategy's bounds (``fl_rescaled.bounds``: a
+rejected outlier is a rejection like any other), a worker whose last ``SET_ASIDE_AFTER`` replies were
+all rejected is set aside (``Membership.set_aside``), and the manager's part of the run's state is
+read and written (``state``, ``resume``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, Message
 
+from fl_rescaled.bounds import BoundState, Chain
 from fl_rescaled.clock import VirtualClock, WallClock
 from fl_rescaled.errors import RejectedReply
 from fl_rescaled.grid_api import AsyncGrid
@@ -45,6 +48,9 @@ from .wall import WallSource
 
 log = logging.getLogger("flwr.fl_rescaled")
 
+#: A worker whose last this many replies were all rejected is set aside (``set_aside``).
+SET_ASIDE_AFTER = 3
+
 
 @dataclass
 class ManagerState:
@@ -61,6 +67,7 @@ class ManagerState:
     next_job_id: int
     jobs: list[Job]  # in flight, in push order
     models: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)  # version -> the model jobs carry
+    bounds: list[BoundState] = field(default_factory=list)  # the update bounds' states
 
 
 def read_reply(reply: Message, layout: ModelLayout, *, arrayrecord_key: str = "arrays",
@@ -95,7 +102,7 @@ class AsyncClientManager:
                  reply: str = "gradient", arrayrecord_key: str = "arrays", configrecord_key: str = "config",
                  train_config: dict[str, Any] | None = None, ttl: float = 3600.0,
                  settings: ManagerSettings | None = None, observers: list[ManagerObserver] | None = None,
-                 replicas: int = 1, selector: Selector | None = None) -> None:
+                 replicas: int = 1, selector: Selector | None = None, bound: Chain | None = None) -> None:
         if reply not in ("gradient", "model"):
             raise ValueError(f"reply must be 'gradient' or 'model', got {reply!r}")
         self.clock = clock
@@ -107,6 +114,8 @@ class AsyncClientManager:
         self.observers: list[ManagerObserver] = list(observers or [])
         self.replicas = replicas  # batched runs: the model is this many replicas end to end
         self.selector: Selector = selector or SameWorker()
+        self.bound = bound if replicas == 1 and bound is not None and bound.bounds else None  # (off for batches)
+        self.bound_state = self.bound.init() if self.bound is not None else []
         self.books = Books()
         self.transport = Transport(grid, ttl=ttl, arrayrecord_key=arrayrecord_key, configrecord_key=configrecord_key)
         self.transport.on_stray = lambda reason: self.books.record_stray(reason)
@@ -274,6 +283,8 @@ class AsyncClientManager:
             if comp.rejected in NODE_GONE:
                 self.source.node_gone(job)
             self.books.ended(w, outcome_of(comp.rejected), comp.detail)
+            if self.books.strikes[w] >= SET_ASIDE_AFTER:
+                self.membership.set_aside(w, f"its last {self.books.strikes[w]} replies were rejected")
         for obs in self.observers:
             obs.completed(comp)
         return comp
@@ -293,6 +304,8 @@ class AsyncClientManager:
             flat, bad = zero_nonfinite_replicas(flat, self.replicas)
             if bad:
                 metrics["nonfinite-replicas"] = bad
+        elif self.bound is not None:
+            flat = self.bound.apply(self.bound_state, flat, comp.job.worker)
         comp.update, comp.carried, comp.metrics = flat, carried, metrics
 
     # ------------------------------------------------------------------ reporting
@@ -319,7 +332,7 @@ class AsyncClientManager:
             delay_rngs=dict(delays.rngs) if delays is not None else {},
             free_at=src.free_at if isinstance(src, VirtualSource) else np.zeros(0),
             last_delivery=src.last_delivery if isinstance(src, WallSource) else np.zeros(0),
-            next_job_id=self._next_job_id, jobs=jobs, models=models)
+            next_job_id=self._next_job_id, jobs=jobs, models=models, bounds=self.bound_state)
 
     def resume(self, state: ManagerState, weights: list[float] | None, timeout: float) -> int:
         """Go on from ``state`` (read from a checkpoint, on this manager's Grid and clock).
@@ -333,7 +346,11 @@ class AsyncClientManager:
         n = state.books.n
         if len(state.roster.node_ids) != n or len(state.taus) != n or len(state.active) != n:
             raise ValueError("the checkpoint's books, roster and τ table disagree on the number of workers")
-        self.books = state.books
+        if self.bound is not None:
+            self.bound.check(state.bounds)
+        elif state.bounds:
+            raise ValueError("the checkpoint has update bounds and this run has none")
+        self.books, self.bound_state = state.books, state.bounds
         self.membership.use(state.roster)
         self.taus = self.source.tau_table(n, weights)
         self._next_job_id = state.next_job_id
@@ -343,6 +360,8 @@ class AsyncClientManager:
                 raise ValueError(f"a job in flight (id {job.job_id}) has no model or no worker")
             job.model = records[job.version]
         if isinstance(self.source, VirtualSource):
+            for worker, active in enumerate(state.active):  # (a worker set aside stays aside)
+                self.taus.set_active(worker, active)
             self.clock.advance(state.clock_now)
             self.clock.delays.rngs = dict(state.delay_rngs)
             if state.free_at.shape != (n,):
