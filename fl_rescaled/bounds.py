@@ -13,9 +13,9 @@ and what it learns during a run lives in a separate state, a dataclass of number
   (on by default, k = ``OUTLIER_FACTOR``);
 - ``chain(b1, b2, ...)``: b1, then b2 on what b1 let through, ...; the first rejection stops it.
 
-The norm is computed in the update's own precision (one dot product) and, only when that
-overflows, again in float64 with the vector scaled by its largest entry, so a float32 update of
-1e38s has a finite norm (1.7e38), and the guard can compare it.
+The norm is computed in the update's own precision (one dot product; for 32 values or fewer,
+``math.hypot``) and, only when that overflows, again in float64 with the vector scaled by its
+largest entry, so a float32 update of 1e38s has a finite norm (1.7e38), and the guard can compare it.
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ GUARD_WINDOW = 32
 
 def update_norm(update: np.ndarray) -> float:
     """‖update‖₂ (float64), finite for any finite update of any float type."""
+    if update.size <= 32:  # (small: Python's hypot, exact and safe from overflow, and cheaper than numpy here)
+        return math.hypot(*update.tolist())
     with np.errstate(over="ignore"):
         sq = float(np.dot(update, update))
     if math.isfinite(sq):
@@ -159,16 +161,14 @@ def adaptive_clip(quantile: float = 0.5, *, rate: float = 0.2, initial: float | 
 # ------------------------------------------------------------------------------- the outlier guard
 @dataclass
 class GuardState:
-    """The latest accepted norm of each of the most recent distinct workers (oldest first)."""
+    """Worker → its latest accepted norm, for the most recent distinct workers (oldest first)."""
 
-    workers: list[int] = field(default_factory=list)
-    norms: list[float] = field(default_factory=list)
+    norms: dict[int, float] = field(default_factory=dict)
     rejected: int = 0
 
     def check(self) -> None:
-        if len(self.workers) != len(self.norms) or len(set(self.workers)) != len(self.workers) \
-                or any(not (v > 0 and math.isfinite(v)) for v in self.norms):
-            raise ValueError("the outlier guard's norms must be positive and finite, one per worker")
+        if any(not (v > 0 and math.isfinite(v)) for v in self.norms.values()):
+            raise ValueError("the outlier guard's norms must be positive and finite")
 
 
 @dataclass(frozen=True)
@@ -182,30 +182,26 @@ class OutlierGuard:
     def __call__(self, state: GuardState, update: np.ndarray, norm: float, worker: int) -> tuple[np.ndarray, float]:
         if not norm > 0:  # (a zero update moves nothing and says nothing about the scale)
             return update, norm
-        workers, norms = state.workers, state.norms
-        others = norms if worker not in workers else [v for w, v in zip(workers, norms) if w != worker]
-        if len(others) >= 2:  # (a median of fewer than three values cannot exclude one outlier)
-            ref = lower_median([*others, norm])
+        known = state.norms
+        own = known.get(worker)
+        others = len(known) - (own is not None)
+        if others >= 2:  # (a median of fewer than three values cannot exclude one outlier)
+            sample = list(known.values())
+            if own is not None:
+                sample.remove(own)  # (its own earlier norm does not vouch for it)
+            sample.append(norm)
+            sample.sort()
+            ref = sample[(len(sample) - 1) // 2]  # the lower median
             if norm > self.factor * ref:
                 state.rejected += 1
                 raise RejectedReply("outlier", f"update norm {norm:.4g} is more than {self.factor:g} × {ref:.4g}, "
-                                               f"the median of the latest accepted norms of {len(others)} other "
-                                               "workers")
-        remember(state, worker, norm, self.window)
+                                               f"the median of the latest accepted norms of {others} other workers")
+        if own is not None:
+            del known[worker]
+        known[worker] = norm  # (the most recent; beyond the window the oldest worker is forgotten)
+        if len(known) > self.window:
+            del known[next(iter(known))]
         return update, norm
-
-
-def remember(state: GuardState, worker: int, norm: float, window: int) -> None:
-    """``worker``'s latest accepted norm is ``norm`` (it becomes the most recent; the oldest worker
-    is forgotten beyond ``window``)."""
-    workers, norms = state.workers, state.norms
-    if worker in workers:
-        i = workers.index(worker)
-        del workers[i], norms[i]
-    elif len(workers) >= window:
-        del workers[0], norms[0]
-    workers.append(worker)
-    norms.append(norm)
 
 
 def outlier_guard(k: float = OUTLIER_FACTOR, *, window: int = GUARD_WINDOW) -> OutlierGuard:
@@ -276,7 +272,10 @@ class Chain:
 
     def apply(self, states: list[Any], update: np.ndarray, worker: int) -> np.ndarray:
         """The update the chain lets through (its norm computed once); raises ``RejectedReply``."""
-        return self(states, update, update_norm(update), worker)[0]
+        norm = update_norm(update)
+        for b, s in zip(self.bounds, states):
+            update, norm = b(s, update, norm, worker)
+        return update
 
     def check(self, states: list[Any]) -> None:
         """Raise ValueError when ``states`` (read from a checkpoint) are not this chain's."""
