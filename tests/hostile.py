@@ -5,8 +5,9 @@ three is within 0.02 of the four's) and answers a job with a noisy gradient of i
 or with the model after three local steps (``reply="model"``). The hostile node answers every job with
 an array filled with one value (``1e38``, ``finfo(float32).max``, ``1e30``, ``1e6``, ``1000``) or
 with its honest update scaled ×1000 (``x1000``); ``HostileGrid(at=j)`` instead corrupts only the j-th
-reply of the run (1e38 in it). ``python tests/hostile.py`` prints the table of every strategy and
-value (the distance of the final model to the honest run's, rejections by reason).
+reply of the run (1e38 in it). ``PYTHONPATH=. python tests/hostile.py [values...]`` prints the table of
+every strategy and value (the distance of the final model to the honest run's, updates, rejections
+by reason; ``FAILED``: the run stopped with ``RunFailed``).
 """
 
 from __future__ import annotations
