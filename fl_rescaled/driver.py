@@ -65,7 +65,8 @@ class RunAPI:
 
     @property
     def all_online(self) -> bool:
-        return self.manager.source.virtual and self.manager.clock.availability is None
+        manager = self.manager  # (virtual clock, no availability model, no worker set aside)
+        return manager.source.virtual and manager.clock.availability is None and manager.taus.n_active == self.n
 
     @property
     def concurrency(self) -> int:
@@ -225,7 +226,7 @@ class Driver(RunAPI):
         self.manager = AsyncClientManager(
             self.grid, clock, layout=self.layout, reply=strategy.reply, arrayrecord_key=strategy.arrayrecord_key,
             configrecord_key=strategy.configrecord_key, train_config=cfg, ttl=timeout, observers=observers,
-            replicas=1 if lrs is None else lrs.size, settings=settings)
+            replicas=1 if lrs is None else lrs.size, settings=settings, bound=strategy.update_bound())
         fed = FederatedEvaluation(self.grid, evaluate_config, timeout, fraction=strategy.fraction_evaluate,
                                   min_nodes=strategy.min_evaluate_nodes, weighted_by_key=strategy.weighted_by_key,
                                   arrayrecord_key=strategy.arrayrecord_key, configrecord_key=strategy.configrecord_key,
@@ -261,6 +262,7 @@ class Driver(RunAPI):
             wall0 = time.perf_counter()
             strategy.on_start(self)
         self.check = FailureCheck(strategy.max_consecutive_rejections or max(20, 2 * manager.num_workers))
+        state = self.state  # (resumed: the state read from the checkpoint)
         self._loop()
         self.evaluations.bar.close()
         self.wall_seconds = time.perf_counter() - wall0

@@ -269,3 +269,20 @@ class Evaluations:
                                                                  ("federated", fed), ("progress", progress)) if m}
                 self.on_evaluation(step, record, metrics)
             self.bar.update(progress["time"] if by_time else progress["updates"], row)
+
+
+def log_start(strategy: str, layout: Any, time_budget: float | None, max_updates: int | None) -> None:
+    """The start of a run in the log, as FedAvg's (its strategy's own lines follow: ``summary``)."""
+    log.info("Starting %s strategy:", strategy)
+    log.info("\t├── Model: %d arrays, %d trained values (%s)", len(layout.entries), layout.flat_size,
+             layout.flat_dtype)
+    log.info("\t├── Budget: %s", " and ".join(([f"{time_budget:g} time units"] if time_budget is not None else [])
+                                              + ([f"{max_updates} updates"] if max_updates is not None else [])))
+
+
+def log_end(result: Result, wall_seconds: float) -> None:
+    """The end of a run in the log, as FedAvg's: its time and the ``Result``."""
+    log.info("")
+    log.info("Strategy execution finished in %.2fs", wall_seconds)
+    for line in str(result).splitlines():
+        log.info("\t%s", line)

@@ -11,29 +11,28 @@ returns Flower's ``Result`` (an ``AsyncResult``, which adds the run's books).
 
 from __future__ import annotations
 
-import io
 import logging
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
+from fl_rescaled.bounds import OUTLIER_FACTOR, Chain, of_options
 from fl_rescaled.clock import Clock
 from fl_rescaled.algorithm import Run
 from fl_rescaled.driver import Driver
 from fl_rescaled.manager import Completion, ManagerObserver, ManagerSettings
-from fl_rescaled.reporting import AsyncResult, EvaluateFn
+from fl_rescaled.reporting import AsyncResult, EvaluateFn, log_end, log_start
 from fl_rescaled.runstate import Checkpointing
 from fl_rescaled.stepsizes import vanilla
 
-log = logging.getLogger("flwr.fl_rescaled")
+from .checks import check_common
 
-REPLIES = ("gradient", "model")
+log = logging.getLogger("flwr.fl_rescaled")
 
 
 @dataclass
@@ -94,6 +93,18 @@ class AsyncStrategy(Strategy):
         by element, the weight key left out).
     evaluate_metrics_aggr_fn : callable, optional
         FedAvg's: the same for the federated evaluation's replies.
+    outlier_factor : float, optional (default: 300)
+        Reject an update (a reply's direction g) whose L2 norm is more than this many times the
+        median of the workers' latest accepted norms (``fl_rescaled.bounds.outlier_guard``, which
+        says how the start of a run is judged and what the guard cannot catch); it is booked as
+        ``rejected.outlier``, the model untouched. ``none`` turns the guard off.
+    adaptive_clip : float, optional (default: none)
+        Clip every accepted update to an online estimate of this quantile (in (0, 1)) of the
+        accepted norms (``fl_rescaled.bounds.adaptive_clip``, after Andrew et al., 2021).
+    clip_norm : float, optional (default: none)
+        Scale an update whose L2 norm exceeds this down to it. The only bound that also holds for
+        the first reply of a run. The three apply in this order (guard, adaptive clip, clip), to
+        each reply on its own; runs of batched replicas apply none.
     """
 
     #: Short name used on the command line and in reports.
@@ -125,35 +136,16 @@ class AsyncStrategy(Strategy):
         min_evaluate_nodes: int = 2,
         train_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
         evaluate_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
+        outlier_factor: float | None = OUTLIER_FACTOR,
+        adaptive_clip: float | None = None,
+        clip_norm: float | None = None,
     ) -> None:
-        if lr is not None and (isinstance(lr, bool) or not (isinstance(lr, (int, float)) and lr > 0
-                                                            and math.isfinite(lr))):
-            raise ValueError(f"the cycle stepsize lr (α) must be positive, got {lr!r}")
         reply = self.default_reply if reply is None else reply
-        if reply not in REPLIES:
-            raise ValueError(f"reply must be one of {REPLIES}, got {reply!r}")
-        if isinstance(jobs_per_node, bool) or not isinstance(jobs_per_node, int) or not 1 <= jobs_per_node <= 1000:
-            raise ValueError(f"jobs_per_node must be an integer in 1..1000, got {jobs_per_node!r}")
-        if jobs_per_node != 1 and not self.restarts_at_once:
-            raise ValueError(f"{type(self).__name__} keeps one job per worker (jobs_per_node=1)")
-        if not 0.0 <= fraction_evaluate <= 1.0:
-            raise ValueError(f"fraction_evaluate must be in [0, 1], got {fraction_evaluate!r}")
-        if max_consecutive_rejections is not None and max_consecutive_rejections < 1:
-            raise ValueError("max_consecutive_rejections must be at least 1")
-        for name, value, least in (("concurrency", concurrency, 1), ("min_train_nodes", min_train_nodes, 1),
-                                   ("min_available_nodes", min_available_nodes, 1),
-                                   ("min_evaluate_nodes", min_evaluate_nodes, 0)):
-            if value is not None and (isinstance(value, bool) or int(value) != value or value < least):
-                raise ValueError(f"{name} must be an integer of at least {least}, got {value!r}")
-        for name, fn in (("train_metrics_aggr_fn", train_metrics_aggr_fn),
-                         ("evaluate_metrics_aggr_fn", evaluate_metrics_aggr_fn)):
-            if fn is not None and not callable(fn):
-                raise ValueError(f"{name} must be a function (list[RecordDict], str) -> MetricRecord")
-        if not 0.0 < fraction_train <= 1.0:
-            raise ValueError(f"fraction_train must be in (0, 1], got {fraction_train!r}")
-        if concurrency is not None and jobs_per_node != 1:
-            raise ValueError("jobs_per_node applies when every worker is always busy; with concurrency, one job "
-                             "per worker")
+        check_common(type(self).__name__, self.restarts_at_once, lr=lr, reply=reply, jobs_per_node=jobs_per_node,
+                     fraction_evaluate=fraction_evaluate, max_consecutive_rejections=max_consecutive_rejections,
+                     concurrency=concurrency, fraction_train=fraction_train, min_train_nodes=min_train_nodes,
+                     min_available_nodes=min_available_nodes, min_evaluate_nodes=min_evaluate_nodes,
+                     train_metrics_aggr_fn=train_metrics_aggr_fn, evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn)
         self.lr = 1.0 if lr is None else float(lr)
         self.lr_given = lr is not None  # (else the method's default, which may depend on the run)
         self.reply = reply
@@ -168,6 +160,8 @@ class AsyncStrategy(Strategy):
         self.min_available_nodes = int(min_available_nodes)
         self.min_evaluate_nodes = int(min_evaluate_nodes)
         self.train_metrics_aggr_fn, self.evaluate_metrics_aggr_fn = train_metrics_aggr_fn, evaluate_metrics_aggr_fn
+        self.outlier_factor, self.adaptive_clip, self.clip_norm = outlier_factor, adaptive_clip, clip_norm
+        self.update_bound()  # (validates them)
         #: The algorithm's state (``State``); a run starts with a fresh one (``init_state``).
         self.state: Any = self.State()
         #: The driver of the last run started (its manager, books and state stay readable after it).
@@ -253,9 +247,15 @@ class AsyncStrategy(Strategy):
         """True when ``lr`` was not given and the method's default α depends on the run."""
         return False
 
+    def update_bound(self) -> Chain:
+        """The bounds every update passes before ``on_completion`` (``fl_rescaled.bounds``)."""
+        return of_options(clip_norm=self.clip_norm, adaptive_quantile=self.adaptive_clip,
+                          outlier_factor=self.outlier_factor)
+
     def describe(self) -> dict[str, Any]:
         lr = "the run's default" if self.lr_per_run else self.lr
-        out = {"strategy": self.name, **({"lr": lr} if self.uses_lr else {}), "reply": self.reply}
+        out = {"strategy": self.name, **({"lr": lr} if self.uses_lr else {}), "reply": self.reply,
+               "outlier_factor": self.outlier_factor, "adaptive_clip": self.adaptive_clip, "clip_norm": self.clip_norm}
         if self.concurrency is not None or self.fraction_train != 1.0:
             out.update(concurrency=self.concurrency, fraction_train=self.fraction_train)
         return out
@@ -267,26 +267,13 @@ class AsyncStrategy(Strategy):
         del gamma_v
         return 1.0 / steps
 
-    @staticmethod
-    def vanilla_gamma(lr: float, run: Run) -> float:
-        """Vanilla ASGD's step α · τ_H / (n · τ_max) over the current τ estimates: the base step of
-        every method that normalises to Vanilla."""
-        return _VANILLA(lr, 0, run.taus, 0)
-
     # ---------------------------------------------------------------- Flower's round API
     # Asynchronous strategies have no rounds: the whole run happens inside ``start``. These four
     # methods of Flower's Strategy interface are therefore not part of their contract.
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
+    def _no_rounds(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError(f"{type(self).__name__} is asynchronous: call start(), not rounds")
 
-    def aggregate_train(self, server_round: int, replies):
-        raise NotImplementedError(f"{type(self).__name__} is asynchronous: call start(), not rounds")
-
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
-        raise NotImplementedError(f"{type(self).__name__} is asynchronous: call start(), not rounds")
-
-    def aggregate_evaluate(self, server_round: int, replies: list[Message]):
-        raise NotImplementedError(f"{type(self).__name__} is asynchronous: call start(), not rounds")
+    configure_train = aggregate_train = configure_evaluate = aggregate_evaluate = _no_rounds
 
     def summary(self) -> None:
         log.info("\t├──> %s", ", ".join(f"{k}={v}" for k, v in self.describe().items()))
@@ -398,27 +385,12 @@ class AsyncStrategy(Strategy):
                         progress=progress, observers=observers, checkpoint=checkpoint, settings=settings,
                         replicas=replicas, seed=seed)
         self.last_run = driver
-        layout = driver.layout
-        log.info("Starting %s strategy:", type(self).__name__)
-        log.info("\t├── Model: %d arrays, %d trained values (%s)", len(layout.entries), layout.flat_size,
-                 layout.flat_dtype)
-        log.info("\t├── Budget: %s", " and ".join(
-            ([f"{driver.budget:g} time units"] if time_budget is not None else [])
-            + ([f"{driver.max_updates} updates"] if driver.max_updates is not None else [])))
+        log_start(type(self).__name__, driver.layout, driver.budget if time_budget is not None else None,
+                  driver.max_updates)
         self.summary()
         result = driver.run()
-        log.info("")
-        log.info("Strategy execution finished in %.2fs", driver.wall_seconds)
-        for line in io.StringIO(str(result)):
-            log.info("\t%s", line.rstrip("\n"))
+        log_end(result, driver.wall_seconds)
         return result
-
-
-def every_worker_each_round(strategy: AsyncStrategy, run: Run) -> None:
-    """Refuse a population (C < N) for a method whose rounds wait for every worker."""
-    if run.concurrency < run.n:
-        raise ValueError(f"{type(strategy).__name__}'s rounds wait for every worker: it needs every node training "
-                         f"(concurrency {run.concurrency} < {run.n} workers)")
 
 
 _VANILLA = vanilla()

@@ -155,6 +155,16 @@ class Membership:
             self.roster.online[worker] = online
             self.on_online(worker, online)
 
+    def set_aside(self, worker: int, why: str) -> None:
+        """Treat ``worker`` as a node that left (no new jobs, not waited for by rounds, out of the τ
+        statistics) because of ``why``; on the wall clock it is taken back when its node is next
+        listed, on the virtual clock never. Not when fewer than half the workers would stay online:
+        then the run's failure checks decide."""
+        online = self.roster.online
+        if online[worker] and 2 * (int(online.sum()) - 1) >= len(online):
+            self.set_online(worker, False)
+            log.warning("worker %d set aside: %s", worker, why)
+
     def due(self) -> bool:
         return time.monotonic() >= self._next_refresh
 
