@@ -140,3 +140,70 @@ def assert_books_balance(books, info: str = "") -> None:
     for end in BOOK_ENDS[1:]:
         assert books[end] == sum(books[f"{end}-per-worker"]), f"{end}: {info}"
     assert books["jobs-sent"] == sum(books["sent-per-worker"]), info
+
+
+# ---------------------------------------------------------------------------------------- reference runs
+# The server rules of the methods as the papers state them (spec/algorithms.md), written out plainly
+# as an oracle: ``replay`` feeds one a given order of completions and returns where the model ends.
+# Each worker always has one job in flight (jobs_per_node=1); its client replies the update
+# Δ = c · (x_sent − b_i): H local steps of size η on (θ − b_i)² leave θ − b_i multiplied by
+# (1 − 2η)^H, so c = 1 − (1 − 2η)^H (a model reply y = x_sent − Δ).
+def local_steps_factor(lr: float, steps: int, a: float = 1.0) -> float:
+    """c = 1 − (1 − 2·lr·a)^steps: the share of (x_sent − b_i) that ``steps`` local steps remove."""
+    return 1.0 - (1.0 - 2.0 * lr * a) ** steps
+
+
+def fedbuff_rule(buffer_size: int, exponent: float):
+    """FedBuff: buffer += Δ / (1 + δ)^p; every K updates x ← x − buffer / K (server lr 1)."""
+    def rule(state: dict, worker: int, x: float, x_sent: float, delta: float, delay: int) -> float | None:
+        state["buffer"] = state.get("buffer", 0.0) + delta / (1 + delay) ** exponent
+        state["count"] = state.get("count", 0) + 1
+        if state["count"] < buffer_size:
+            return None
+        buffer, state["buffer"], state["count"] = state["buffer"], 0.0, 0
+        return x - buffer / buffer_size
+    return rule
+
+
+def fedasync_rule(mixing: float, exponent: float):
+    """FedAsync (polynomial staleness): α = mixing / (1 + δ)^a, x ← (1 − α) x + α y."""
+    def rule(state: dict, worker: int, x: float, x_sent: float, delta: float, delay: int) -> float:
+        alpha = mixing / (1 + delay) ** exponent
+        return (1 - alpha) * x + alpha * (x_sent - delta)
+    return rule
+
+
+def rescaled_rule(taus, alpha: float):
+    """Rescaled ASGD (equal weights): x ← x − γ_i Δ with γ_i = α · (1/n) · τ_i / τ_max."""
+    def rule(state: dict, worker: int, x: float, x_sent: float, delta: float, delay: int) -> float:
+        return x - alpha / len(taus) * taus[worker] / max(taus) * delta
+    return rule
+
+
+def virtual_order(taus, budget: float = float("inf")):
+    """The workers in the order their jobs finish on the virtual clock with fixed compute times:
+    worker i's j-th job at j·τ_i, the lower index first at equal times, up to ``budget``."""
+    import heapq
+
+    heap = [(float(t), i) for i, t in enumerate(taus)]
+    heapq.heapify(heap)
+    while heap[0][0] <= budget:
+        t, i = heapq.heappop(heap)
+        yield i
+        heapq.heappush(heap, (t + taus[i], i))
+
+
+def replay(order, b, c: float, rule, *, steps: int | None = None, x0: float = 0.0) -> float:
+    """The model after the completions of ``order`` (worker indices) under ``rule``, stopping after
+    ``steps`` server updates (or when the order ends). Each finished worker gets the current model."""
+    x, version, state = x0, 0, {}
+    sent = {i: (x0, 0) for i in range(len(b))}
+    for i in order:
+        x_sent, v_sent = sent[i]
+        new = rule(state, i, x, x_sent, c * (x_sent - b[i]), version - v_sent)
+        if new is not None:
+            x, version = new, version + 1
+            if version == steps:
+                break
+        sent[i] = (x, version)
+    return x
