@@ -373,11 +373,8 @@ def named_keys(cfg: dict, message: str) -> list[str]:
                 or (text != "" and re.search(rf"(?<![\w-]){re.escape(text)}(?![\w-])", message) is not None))
 
     found = [k for k in cfg if names(k)]
-    if STRATEGY_OPTIONS_KEY in cfg and STRATEGY_OPTIONS_KEY not in found:
-        options_given = [item.split("=", 1)[0] for item in str(cfg[STRATEGY_OPTIONS_KEY]).split()]
-        if any(names(o) for o in options_given if o):
-            found.append(STRATEGY_OPTIONS_KEY)
-    return found
+    options_given = {item.split("=", 1)[0] for item in str(cfg.get(STRATEGY_OPTIONS_KEY, "")).split()} - {""}
+    return found + [STRATEGY_OPTIONS_KEY] * (STRATEGY_OPTIONS_KEY not in found and any(map(names, options_given)))
 
 
 @fuzz(CONFIG_CASES)
