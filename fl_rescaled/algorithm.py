@@ -33,15 +33,28 @@ class Run(Protocol):
 
     @property
     def virtual(self) -> bool:
-        """True on the virtual clock (every worker always online)."""
+        """True on the virtual clock."""
+
+    @property
+    def all_online(self) -> bool:
+        """True when every worker is online for the whole run (the virtual clock, no availability model)."""
 
     @property
     def seed(self) -> int:
         """The run's seed (for the algorithm's own random choices)."""
 
     @property
+    def concurrency(self) -> int:
+        """C, the most jobs in flight (n when every worker is always busy)."""
+
+    @property
     def taus(self) -> TauTable:
-        """The τ estimates the stepsize rules read."""
+        """What the stepsize rules read as τ_i: each worker's mean time between deliveries (its
+        compute time when every worker is always busy, C = n)."""
+
+    @property
+    def compute_taus(self) -> TauTable:
+        """Each worker's mean compute time τ_i (the same table as ``taus`` when C = n)."""
 
     def apply(self, worker: int, update: np.ndarray, stepsize: float, booked: float | None = None) -> None:
         """x ← x − stepsize · update, one server update triggered by ``worker`` (``booked``: the
@@ -50,8 +63,9 @@ class Run(Protocol):
     def send(self, worker: int) -> None:
         """A job on the current model for ``worker`` (queued behind its jobs in flight)."""
 
-    def send_next(self, after: int) -> None:
-        """A job on the current model for the worker the selection seam picks after ``after``'s job."""
+    def send_next(self, after: int | None) -> None:
+        """A job on the current model for the worker the selection picks now that ``after``'s job
+        ended (None: a first job). With C = n: ``after`` itself, if it is online."""
 
     def resend(self, job: Job) -> None:
         """Another job for ``job``'s worker on the model ``job`` carried (keep working on x^k)."""

@@ -129,10 +129,10 @@ def print_table(outcomes: list[dict[str, Any]]) -> None:
     print("-" * len(head))
     for o in outcomes:
         extra = o.get("dist") if quad else o.get("accuracy")
-        worst = max(o["client_losses"]) if o.get("client_losses") else float("nan")
-        idle = sum(o["idle_share_per_worker"]) / max(len(o["idle_share_per_worker"]), 1)
+        worst = o["worst_client_loss"] if o.get("worst_client_loss") is not None else float("nan")
+        idle = o["idle_share_mean"]
         print(f"{o['strategy']:<16}{o['lr']:>7g}{o['final_loss']:>12.4g}{(extra if extra is not None else float('nan')):>10.4g}"
-              f"{worst:>14.4g}{o['num_updates']:>9}{sum(o['discarded_per_worker']):>10}{idle:>7.1%}"
+              f"{worst:>14.4g}{o['num_updates']:>9}{o['books']['discarded']:>10}{idle:>7.1%}"
               f"{o['stored_vectors_max']:>8}{o['wall_seconds']:>8.1f}")
     print("idle: mean share of time a worker sat idle; memory: most model-sized vectors the server held;"
           " discarded: finished or cancelled jobs whose work was thrown away")

@@ -16,6 +16,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from .availability import Availability
+from .delays import ComputeTimes, compute_times
 from .grid_api import AsyncGrid
 
 log = logging.getLogger("flwr.fl_rescaled")
@@ -23,7 +25,8 @@ log = logging.getLogger("flwr.fl_rescaled")
 #: Compute times of the paper's MNIST study: two workers each at 1, 2, 4, 8 and 16 time units.
 DEFAULT_TAUS: tuple[float, ...] = (1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 8.0, 8.0, 16.0, 16.0)
 
-DELAY_KINDS = ("fixed", "exponential")
+#: The compute-time models a run can name (``--delays``; ``trace`` reads a file: ``--delay-trace``).
+DELAY_KINDS = ("fixed", "exponential", "lognormal", "pareto", "trace")
 
 
 def tau_stats(taus: Sequence[float]) -> dict[str, float]:
@@ -52,45 +55,19 @@ def is_harmonic(taus: Sequence[float]) -> bool:
     return True
 
 
-class DelayModel:
-    """Per-worker compute times: fixed τ_i, or independent Exp(mean τ_i) draws.
-
-    Each worker owns its own generator seeded from (seed, worker), so a worker's sequence of draws
-    does not depend on how the other workers' jobs interleave with it. Generators are made on a
-    worker's first draw; ``rngs`` (worker → generator) is part of the run's state.
-    """
-
-    def __init__(self, taus: Sequence[float], kind: str = "fixed", seed: int = 0) -> None:
-        if kind not in DELAY_KINDS:
-            raise ValueError(f"unknown delay model {kind!r}; choose one of {DELAY_KINDS}")
-        tau_stats(taus)  # validates
-        self.taus = tuple(float(x) for x in taus)
-        self.kind = kind
-        self.seed = int(seed)
-        self.rngs: dict[int, np.random.Generator] = {}
-
-    @property
-    def num_workers(self) -> int:
-        return len(self.taus)
-
-    def sample(self, worker: int) -> float:
-        """Draw the compute time of the next job of ``worker``."""
-        tau = self.taus[worker]
-        if self.kind == "fixed":
-            return tau
-        rng = self.rngs.get(worker)
-        if rng is None:
-            rng = self.rngs[worker] = np.random.default_rng((self.seed, 0xDE1A, worker))
-        return float(rng.exponential(tau))
-
-    def __repr__(self) -> str:
-        return f"DelayModel(kind={self.kind!r}, taus={list(self.taus)}, seed={self.seed})"
+def DelayModel(taus: Sequence[float], kind: str = "fixed", seed: int = 0) -> ComputeTimes:  # noqa: N802
+    """Per-client compute times of mean τ_i: a model of ``fl_rescaled.delays`` by name (``fixed``:
+    exactly τ_i; ``exponential``, ``lognormal``, ``pareto``: draws of mean τ_i from each client's own
+    generator, seeded by (seed, client), so a client's draws do not depend on how the others' jobs
+    interleave with it). The name is the one this factory had when it built only the first two."""
+    tau_stats(taus)  # validates
+    return compute_times(kind, list(taus), seed=seed)
 
 
 @runtime_checkable
 class Clock(Protocol):
-    """What the client manager needs of a clock. ``VirtualClock`` also has ``delays`` and
-    ``job_duration(worker)``; ``WallClock`` has ``time_unit`` and ``restart()``."""
+    """What the client manager needs of a clock. ``VirtualClock`` also has ``delays``,
+    ``availability`` and ``job_duration``; ``WallClock`` has ``time_unit`` and ``restart()``."""
 
     virtual: bool
 
@@ -101,12 +78,15 @@ class Clock(Protocol):
 
 
 class VirtualClock:
-    """Simulated time driven by a delay model. ``now`` only moves when an event is processed."""
+    """Simulated time: ``now`` moves only when an event is processed. ``delays`` gives each job's
+    compute time (a ``ComputeTimes`` model); ``availability`` when each client is online (None:
+    always)."""
 
     virtual = True
 
-    def __init__(self, delays: DelayModel) -> None:
+    def __init__(self, delays: ComputeTimes, availability: Availability | None = None) -> None:
         self.delays = delays
+        self.availability = availability
         self.now = 0.0
 
     def advance(self, t: float) -> None:
@@ -114,39 +94,52 @@ class VirtualClock:
             raise RuntimeError(f"virtual time cannot go back ({t} < {self.now})")
         self.now = max(self.now, t)
 
-    def job_duration(self, worker: int) -> float:
-        return self.delays.sample(worker)
+    def job_duration(self, worker: int, start: float) -> float:
+        """The compute time of ``worker``'s next job, which starts at ``start``."""
+        return self.delays.sample(worker, start)
 
 
 class WallClock:
-    """Real elapsed time since construction (seconds, scaled by ``time_unit``)."""
+    """Real elapsed time since construction or ``restart`` (seconds, scaled by ``time_unit``);
+    while ``held`` it reads 0 (a run's budget starts when the first node is ready)."""
 
     virtual = False
+    availability = None  # (nodes come and go by themselves)
 
     def __init__(self, time_unit: float = 1.0) -> None:
         if not time_unit > 0 or not math.isfinite(time_unit):
             raise ValueError("time_unit must be positive")
         self.time_unit = time_unit
-        self._t0 = time.monotonic()
+        self._t0: float | None = time.monotonic()
 
     @property
     def now(self) -> float:
-        return (time.monotonic() - self._t0) / self.time_unit
+        return 0.0 if self._t0 is None else (time.monotonic() - self._t0) / self.time_unit
+
+    @property
+    def held(self) -> bool:
+        return self._t0 is None
+
+    def hold(self) -> None:
+        """Read 0 until ``restart``: a run's budget does not count start-up (Ray's, a SuperLink's)."""
+        self._t0 = None
 
     def restart(self, at: float = 0.0) -> None:
-        """Count time from now, starting at ``at`` time units (a run's budget starts at its first
-        job, not at start-up; a resumed run goes on from its checkpoint's time)."""
+        """Count time from now, starting at ``at`` time units (a run's budget starts when its first
+        node is ready: its first reply; a resumed run goes on from its checkpoint's time)."""
         self._t0 = time.monotonic() - at * self.time_unit
 
     def advance(self, t: float) -> None:  # wall time advances by itself
         del t
 
 
-def default_clock(grid: AsyncGrid, taus: list[float] | None, num_workers: int | None, partition_query: bool) -> Clock:
+def default_clock(grid: AsyncGrid, taus: list[float] | None, num_workers: int | None, partition_query: bool,
+                  uses_tau: bool = True) -> Clock:
     """A virtual clock on a Grid with virtual time (in-process), else (Flower's runtimes) the wall clock.
 
     The virtual clock's τ_i: ``taus`` (per partition), else each node's ``tau`` node-config key (1 if
-    unset), in worker order.
+    unset), in worker order. For a strategy whose steps follow τ (``uses_tau``), one warning when
+    every τ is the same.
     """
     if grid.virtual_time:
         if taus is None:
@@ -156,10 +149,19 @@ def default_clock(grid: AsyncGrid, taus: list[float] | None, num_workers: int | 
             taus = [float(grid.node_config(n).get("tau", 1.0)) for n in nodes]
             if num_workers is not None:
                 taus = taus[:num_workers]
-            if len(set(taus)) == 1 and len(taus) > 1:
+            if uses_tau and len(set(taus)) == 1 and len(taus) > 1:
                 log.warning("every node's compute time τ is %g (set 'tau' in the node configs or pass "
                             "taus): time-proportional stepsizes change nothing", taus[0])
         return VirtualClock(DelayModel(taus, "fixed"))
     if taus is not None:
         raise ValueError("taus define a virtual clock; this Grid runs on the wall clock (pass clock=...)")
     return WallClock()
+
+
+def time_unit(clock: Clock) -> str:
+    """How a time of ``clock`` reads in a log line: " units" (virtual), " s" (the wall clock in
+    seconds) or " × 0.02 s" (the wall clock in units of ``time_unit`` seconds)."""
+    if clock.virtual:
+        return " units"
+    unit = getattr(clock, "time_unit", 1.0)
+    return " s" if unit == 1.0 else f" × {unit:g} s"

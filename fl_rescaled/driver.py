@@ -24,16 +24,16 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 
 from .checkpoints import CheckpointError
-from .clock import Clock, default_clock
+from .clock import Clock, default_clock, time_unit
 from .errors import RunFailed, client_error_text
 from .grid_api import as_async_grid
 from .layout import ModelLayout
 from .manager import NODE_GONE, AsyncClientManager, Completion, Job, ManagerObserver, ManagerSettings
 from .metrics import ProgressBar
-from .reporting import AsyncResult, EvaluateFn, Evaluations, FederatedEvaluation, MetricWindow
+from .reporting import AsyncResult, EvaluateFn, Evaluations, FederatedEvaluation, MetricWindow, report_result
 from .runstate import Checkpointing, EvalSchedule, RunState, budgets, load, save
 from .stepsizes import TauTable
 
@@ -64,8 +64,20 @@ class RunAPI:
         return self.manager.source.virtual
 
     @property
+    def all_online(self) -> bool:
+        return self.manager.source.virtual and self.manager.clock.availability is None
+
+    @property
+    def concurrency(self) -> int:
+        return self.manager.population.concurrency
+
+    @property
     def taus(self) -> TauTable:
         return self.manager.taus
+
+    @property
+    def compute_taus(self) -> TauTable:
+        return self.manager.compute_taus
 
     def apply(self, worker: int, update: np.ndarray, stepsize: float, booked: float | None = None) -> None:
         x = self.state.x
@@ -85,8 +97,11 @@ class RunAPI:
     def send(self, worker: int) -> None:
         self.manager.send(worker, self.state.x, self.version, self.job_config(), self.state.carried)
 
-    def send_next(self, after: int) -> None:
+    def send_next(self, after: int | None) -> None:
         self.manager.send_next(after, self.state.x, self.version, self.job_config(), self.state.carried)
+
+    def refill(self) -> None:
+        self.manager.refill(self.state.x, self.version, self.job_config(), self.state.carried)
 
     def resend(self, job: Job) -> None:
         self.manager.resend(job, self.job_config())
@@ -110,7 +125,12 @@ class RunAPI:
         return self.manager.model_of(job)
 
     def job_config(self) -> dict | None:
-        return self.config
+        """The strategy's per-job config (``configure_job``), when it has one."""
+        if not self.configures_jobs:
+            return None
+        cfg = self.strategy.configure_job(ConfigRecord(self.manager.train_config), updates=self.version,
+                                          time=float(self.manager.clock.now))
+        return dict(cfg.items())
 
 
 class FailureCheck:
@@ -183,10 +203,10 @@ class Driver(RunAPI):
             schedule = EvalSchedule(self.budget / num_evaluations, None)
         else:
             schedule = EvalSchedule(math.inf, max(1, math.ceil(self.max_updates / num_evaluations)))
-        self.state = RunState(x=x, carried=carried, schedule=schedule, window=MetricWindow(strategy.weighted_by_key),
-                              replica_lrs=lrs)
+        window = MetricWindow(strategy.weighted_by_key, kept=None if strategy.train_metrics_aggr_fn is None else [])
+        self.state = RunState(x=x, carried=carried, schedule=schedule, window=window, replica_lrs=lrs)
         self._scratch = np.empty(0, x.dtype)  # (sized at the first step)
-        self.config = strategy.job_config()
+        self.configures_jobs = strategy.configures_jobs
         self.plan = None if checkpoint is None else checkpoint.covering(strategy, self.layout, self.budget,
                                                                          self.max_updates)
         per_partition = taus is not None or strategy.target_weights() is not None or settings.worker_config is not None
@@ -195,11 +215,11 @@ class Driver(RunAPI):
         elif per_partition and not partition_query:
             raise ValueError("per-partition settings (taus, weights, worker_config) need partition_query=True")
         if clock is None:
-            clock = default_clock(self.grid, taus, num_workers, partition_query)
+            clock = default_clock(self.grid, taus, num_workers, partition_query, strategy.uses_tau)
         elif taus is not None:
             raise ValueError("give either clock or taus, not both")
         if clock.virtual and num_workers is None:
-            num_workers = clock.delays.num_workers
+            num_workers = clock.delays.num_clients
         self.connect_args = (num_workers, min(timeout, 300.0), partition_query)
         cfg = dict(train_config.items()) if train_config is not None else {}
         self.manager = AsyncClientManager(
@@ -207,11 +227,13 @@ class Driver(RunAPI):
             configrecord_key=strategy.configrecord_key, train_config=cfg, ttl=timeout, observers=observers,
             replicas=1 if lrs is None else lrs.size, settings=settings)
         fed = FederatedEvaluation(self.grid, evaluate_config, timeout, fraction=strategy.fraction_evaluate,
-                                  weighted_by_key=strategy.weighted_by_key, arrayrecord_key=strategy.arrayrecord_key,
-                                  configrecord_key=strategy.configrecord_key)
+                                  min_nodes=strategy.min_evaluate_nodes, weighted_by_key=strategy.weighted_by_key,
+                                  arrayrecord_key=strategy.arrayrecord_key, configrecord_key=strategy.configrecord_key,
+                                  aggregate=strategy.evaluate_metrics_aggr_fn)
         bar = ProgressBar(self.budget if self.by_time else float(self.max_updates), enabled=progress,
                           label=strategy.name)
-        self.evaluations = Evaluations(self.grid, evaluate_fn, fed, bar)
+        self.evaluations = Evaluations(self.grid, evaluate_fn, fed, bar, train_aggregate=strategy.train_metrics_aggr_fn,
+                                       on_evaluation=strategy.on_evaluation, unit=time_unit(clock))
         self.check = FailureCheck(1)
         self.next_checkpoint = math.inf
         self.wall_seconds = 0.0
@@ -226,14 +248,15 @@ class Driver(RunAPI):
         else:
             num_workers, timeout, partition_query = self.connect_args
             manager.connect(num_workers, timeout=timeout, partition_query=partition_query,
-                            weights=strategy.target_weights())
+                            weights=strategy.target_weights(), min_nodes=strategy.min_available_nodes)
+            manager.populate(strategy.slots(manager.num_workers), self.seed, strategy.target_weights())
             if not partition_query and manager.num_workers > 1:
                 log.warning("workers are numbered by node id (%d nodes); a ClientApp with "
                             "fl_rescaled.add_partition_query numbers them by partition-id", manager.num_workers)
             state.answered = np.zeros(manager.num_workers, bool)
             state.algorithm = strategy.state = strategy.init_state(self)
             if not manager.source.virtual:
-                manager.clock.restart()  # the wall-clock budget counts from the first job sent
+                manager.clock.hold()  # the wall-clock budget counts from the first reply: a node is ready
             self._plan_checkpoints()
             wall0 = time.perf_counter()
             strategy.on_start(self)
@@ -245,13 +268,15 @@ class Driver(RunAPI):
         result.arrays = self.layout.to_record(state.x, state.carried)
         for target, metrics in ((result.train_metrics_clientapp, state.train_metrics),
                                 (result.evaluate_metrics_clientapp, state.client_metrics),
-                                (result.evaluate_metrics_serverapp, state.server_metrics)):
+                                (result.evaluate_metrics_serverapp, state.server_metrics),
+                                (result.progress, state.progress)):
             target.update({step: MetricRecord(values) for step, values in metrics.items()})
         result.books = MetricRecord(manager.books_totals())
         try:
             manager.books.check_balance()  # every job sent is accounted for, per worker
         except AssertionError as exc:
             raise RunFailed(str(exc), manager.books_totals()) from None
+        report_result(result)
         return result
 
     def _loop(self) -> None:
@@ -260,9 +285,13 @@ class Driver(RunAPI):
         comp = None
         while True:
             comp = manager.next_completion(budget)
-            if comp is None and manager.joined:
-                for worker in manager.pop_joined():
-                    self.strategy.on_joined(self, worker)
+            if comp is None and manager.waiting:  # workers came back, or slots waited for them
+                joined = manager.pop_joined()
+                if manager.population.sampled:
+                    self.refill()
+                else:
+                    for worker in joined:
+                        self.strategy.on_joined(self, worker)
                 continue
             t = comp.time if comp is not None else (budget if math.isfinite(budget) else manager.clock.now)
             # Evaluation points strictly before this event see the model as it was; an event at
@@ -337,7 +366,9 @@ class Driver(RunAPI):
         if loaded.x.shape != self.state.x.shape or loaded.x.dtype != self.state.x.dtype:
             raise CheckpointError(f"{self.plan.path}: its model does not have the layout of this run's")
         try:
-            lost = manager.resume(loaded.manager, strategy.target_weights(), self.connect_args[1])
+            weights = strategy.target_weights()
+            lost = manager.resume(loaded.manager, strategy.slots(loaded.manager.books.n), self.seed, weights,
+                                  self.connect_args[1])
             strategy.check_state(loaded.algorithm, manager.num_workers, loaded.x)
         except ValueError as exc:
             raise CheckpointError(f"{self.plan.path}: {exc}") from None

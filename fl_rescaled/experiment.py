@@ -24,16 +24,20 @@ from flwr.serverapp import Grid
 
 from .checkpoints import save_checkpoint
 from .clients.client_app import app as client_app
-from .clock import Clock, DelayModel, VirtualClock, WallClock, tau_stats
+from .availability import availability
+from .clock import Clock, VirtualClock, WallClock, tau_stats
+from .delays import compute_times
 from .grid import InProcessGrid
 from .layout import decode_array
 from .manager import ManagerObserver
+from .manager.books import PER_WORKER_ROWS
 from .metrics import plot_curves, write_history_csv
 from .runspec import RunSpec, default_taus
 from .runstate import Checkpointing
 from .stepsizes import vanilla_stepsize
 from .strategies import AsyncStrategy, options
 from .tasks import get_task, task_spec
+from .timeline import Timeline, write_run_figures
 
 __all__ = ["RunSpec", "default_taus", "local_training", "make_strategy", "run", "run_batch", "to_json"]
 
@@ -96,11 +100,14 @@ def run(spec: RunSpec, grid: Grid | None = None, *, clock: Clock | None = None,
     if hasattr(task, "prepare"):  # the data, before the run starts: DataUnavailable here, not in a job
         task.prepare()
     strategy = make_strategy(spec)
-    wall = _start(spec, cfg, task, strategy, task.initial_params(spec.seed, spec.quad_x0), grid, clock, observers)
+    timeline = Timeline.sampled(spec.num_clients, seed=spec.seed)
+    wall = _start(spec, cfg, task, strategy, task.initial_params(spec.seed, spec.quad_x0), grid, clock,
+                  [*(observers or []), timeline])
     _in_gradient_units(spec, strategy)
     driver = strategy.last_run
     params = driver.state.x.copy()
     out = _outcome(spec, driver, driver.state.history, params, wall, task)
+    out["staleness"] = timeline.staleness()
     if spec.out:
         odir = Path(spec.out)
         stem = f"{spec.task}_{spec.strategy}_lr{spec.lr:g}_seed{spec.seed}"
@@ -108,6 +115,10 @@ def run(spec: RunSpec, grid: Grid | None = None, *, clock: Clock | None = None,
         out["checkpoint"] = str(save_checkpoint(odir / stem, params, out)[0])
         out["png"] = str(plot_curves(odir / f"{stem}.png", {f"{spec.strategy} α={spec.lr:g}": driver.state.history},
                                      logy=spec.task == "mnist"))
+        t_end, books = out["final_time"], driver.manager.books
+        out.update(write_run_figures(odir, stem, timeline, books, t_end=t_end, title=stem,
+                                     busy=driver.manager.source.busy(books.busy_done, t_end),
+                                     availability=driver.manager.clock.availability))
     return out
 
 
@@ -173,13 +184,15 @@ def _start(spec: RunSpec, cfg: dict[str, Any], task, strategy: AsyncStrategy, x0
         _set_torch_threads(spec.torch_threads)
     if grid is None:
         # On the wall clock every node computes on its own thread, as real nodes would.
+        # Its node ids ascend with the partitions (the project's ClientApp answers the partition
+        # query, but asking every node of a large population would cost more than the run).
         grid = InProcessGrid(client_app, spec.num_clients, seed=spec.seed, threaded=spec.clock == "wall",
-                             workers=spec.workers if spec.clock == "virtual" else 1, ahead=spec.ahead)
+                             workers=spec.workers if spec.clock == "virtual" else 1, ahead=spec.ahead,
+                             ordered_ids=True)
     train_config: dict[str, Any] = {"task": task_spec(cfg), **local_training(spec, strategy)}
     settings = spec.manager
     if clock is None:
-        clock = WallClock(spec.time_unit) if spec.clock == "wall" else VirtualClock(
-            DelayModel(spec.taus, spec.delays, spec.seed))
+        clock = WallClock(spec.time_unit) if spec.clock == "wall" else virtual_clock(spec)
     if not clock.virtual and spec.emulate:
         # Clients sleep τ_i time units per job (τ_i from their node config if set there, else this).
         train_config.update({"emulate": spec.emulate, "time-unit": spec.time_unit})
@@ -205,6 +218,25 @@ def _start(spec: RunSpec, cfg: dict[str, Any], task, strategy: AsyncStrategy, x0
             checkpoint=_checkpointing(spec),
         )
     return time.perf_counter() - wall0
+
+
+def virtual_clock(spec: RunSpec) -> VirtualClock:
+    """The virtual clock a spec describes: its compute-time model (with speeds that change) and when
+    each client is online."""
+    drift = None if spec.speed_drift is None else {"rate": spec.speed_drift}
+    switch = None
+    if spec.speed_switch is not None:
+        at, factor, *rest = spec.speed_switch
+        switch = {"at": at, "factor": factor, **({"fraction": rest[0]} if rest else {})}
+    trace = spec.delay_trace if spec.delays == "trace" else None
+    delays = compute_times(spec.delays, None if trace else spec.taus, seed=spec.seed, sigma=spec.delay_sigma,
+                           alpha=spec.delay_alpha, trace=trace, drift=drift, switch=switch)
+    avail = None
+    if spec.availability != "always":
+        avail = availability(spec.availability, spec.num_clients, seed=spec.seed, period=spec.availability_period,
+                             fraction=spec.availability_fraction,
+                             trace=spec.availability_trace if spec.availability == "trace" else None)
+    return VirtualClock(delays, avail)
 
 
 def _checkpointing(spec: RunSpec) -> Checkpointing | None:
@@ -263,20 +295,23 @@ def _outcome(spec: RunSpec, driver, history: list[dict[str, Any]], params: np.nd
         "budget": spec.budget,
         "seed": spec.seed,
         "delays": spec.delays,
-        "taus": list(spec.taus or []),
+        "num_clients": spec.num_clients,
+        "taus": list(spec.taus or []) if len(spec.taus or []) <= PER_WORKER_ROWS else "(see tau_stats)",
         "final_time": final["time"],
         "num_updates": books.version,
         "gradients": int(sum(c.sum() for k, c in books.outcomes.items() if k != "cancelled")),
-        "updates_per_worker": final["updates_per_worker"],
+        "updates_per_worker": final.get("updates_per_worker"),
         "cumulative_stepsize": books.stepsize_sum,
         "final_loss": final.get("loss"),
         "client_losses": final.get("client_losses"),
+        "worst_client_loss": final.get("worst_client_loss"),
         "rejected": books.failures(),
         "stray": dict(books.stray),
-        "discarded_per_worker": final["discarded_per_worker"],
+        "discarded_per_worker": final.get("discarded_per_worker"),
         "wasted_time": final.get("wasted_time", 0.0),
-        "idle_share_per_worker": final["idle_share_per_worker"],
-        "lost_per_worker": final["lost_per_worker"],
+        "idle_share_per_worker": final.get("idle_share_per_worker"),
+        "idle_share_mean": final["idle_share_mean"],
+        "lost_per_worker": final.get("lost_per_worker"),
         "stored_vectors_max": max(h["stored_vectors"] for h in history),
         "books": manager.books_totals(),
         "wall_seconds": wall,

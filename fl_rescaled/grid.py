@@ -94,6 +94,17 @@ def tune_allocator() -> bool:
     return ok
 
 
+def node_ids(n: int, seed: int, ordered: bool = False) -> list[int]:
+    """``n`` distinct node ids in [2^20, 2^62) drawn with ``seed`` (ascending when ``ordered``)."""
+    rng = np.random.default_rng((seed, 0x9E1D))
+    ids = np.unique(rng.integers(1 << 20, 1 << 62, size=n + 16))
+    while ids.size < n:  # (collisions are rare: 1 in 10^9 for a million ids)
+        ids = np.unique(np.concatenate([ids, rng.integers(1 << 20, 1 << 62, size=n)]))
+    ids = ids[ids != SUPERLINK_NODE_ID]
+    chosen = ids[rng.permutation(ids.size)[:n]]
+    return sorted(int(i) for i in chosen) if ordered else [int(i) for i in chosen]
+
+
 def set_server_identity(run_id: int) -> None:
     """Let this process build instruction messages as the ServerApp of run ``run_id`` does."""
     TaskIdentity.run_id = run_id
@@ -116,6 +127,7 @@ class InProcessGrid(Grid):
         threaded: bool = False,
         workers: int = 1,
         ahead: bool = True,
+        ordered_ids: bool = False,
     ) -> None:
         if num_nodes < 1:
             raise ValueError("num_nodes must be at least 1")
@@ -125,22 +137,16 @@ class InProcessGrid(Grid):
         tune_allocator()
         self._run = Run.create_empty(run_id)
         set_server_identity(run_id)
-        # Node ids look like Flower's (large random integers) so nothing relies on them being 0..n-1.
-        rng = np.random.default_rng((seed, 0x9E1D))
-        ids: list[int] = []
-        while len(ids) < num_nodes:
-            nid = int(rng.integers(1 << 20, 1 << 62))
-            if nid not in ids and nid != SUPERLINK_NODE_ID:
-                ids.append(nid)
-        self.node_ids = ids
-        self.contexts: dict[int, Context] = {}
-        for i, nid in enumerate(ids):
-            cfg = {"partition-id": i, "num-partitions": num_nodes}
-            if node_configs is not None:
-                cfg.update(node_configs[i])
-            self.contexts[nid] = Context(
-                run_id=run_id, node_id=nid, node_config=cfg, state=RecordDict(), run_config=dict(run_config or {})
-            )
+        # Node ids look like Flower's (large random integers) so nothing relies on them being 0..n-1,
+        # nor, unless ``ordered_ids``, on their order being the partitions'.
+        self.node_ids = node_ids(num_nodes, seed, ordered_ids)
+        self.partition_order = bool(ordered_ids)  # (an AsyncGrid extra: node-id order is partition order)
+        ids = np.array(self.node_ids, dtype=np.int64)
+        self._by_id = np.argsort(ids)  # node id -> partition by binary search (a population is large)
+        self._sorted_ids = ids[self._by_id]
+        self._node_configs = node_configs
+        self._run_config = dict(run_config or {})
+        self.contexts: dict[int, Context] = {}  # made on a node's first message (a population is large)
         self._pending: dict[str, Message] = {}
         self._next_id = 0
         self.messages_pushed = 0
@@ -158,9 +164,30 @@ class InProcessGrid(Grid):
         self._torch_threads: int | None = None  # the caller's torch intra-op threads, mirrored in the pool
         self._local = threading.local()
 
+    def context(self, node_id: int) -> Context:
+        """The node's ``Context`` (made on first use, as a SuperNode makes it when it starts)."""
+        ctx = self.contexts.get(node_id)
+        if ctx is None:
+            i = self._partition(node_id)
+            if i is None:
+                raise KeyError(node_id)
+            cfg = {"partition-id": i, "num-partitions": len(self.node_ids)}
+            if self._node_configs is not None:
+                cfg.update(self._node_configs[i])
+            ctx = self.contexts[node_id] = Context(run_id=self._run.run_id, node_id=node_id, node_config=cfg,
+                                                   state=RecordDict(), run_config=dict(self._run_config))
+        return ctx
+
+    def _partition(self, node_id: int) -> int | None:
+        """The partition of node ``node_id`` (None: not a node of this Grid)."""
+        k = int(np.searchsorted(self._sorted_ids, node_id))
+        if k < self._sorted_ids.size and int(self._sorted_ids[k]) == node_id:
+            return int(self._by_id[k])
+        return None
+
     def node_config(self, node_id: int) -> dict[str, Any]:
         """The node config of ``node_id`` (``partition-id``, ``num-partitions``, user keys such as ``tau``)."""
-        return dict(self.contexts[node_id].node_config)
+        return dict(self.context(node_id).node_config)
 
     def set_online(self, node_id: int, online: bool) -> None:
         """Take a node down (its jobs fail with Flower's NODE_UNAVAILABLE) or bring it back."""
@@ -231,7 +258,7 @@ class InProcessGrid(Grid):
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         ids = []
         for msg in messages:
-            if msg.metadata.dst_node_id not in self.contexts:
+            if self._partition(msg.metadata.dst_node_id) is None:
                 raise ValueError(f"unknown destination node {msg.metadata.dst_node_id}")
             mid = f"{self._next_id:016x}"
             self._next_id += 1
@@ -282,7 +309,7 @@ class InProcessGrid(Grid):
     # -- execution
     def _execute(self, msg: Message) -> Message:
         nid = msg.metadata.dst_node_id
-        ctx = self.contexts[nid]
+        ctx = self.context(nid)
         if nid in self.offline:
             reply = Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason="node unavailable"), reply_to=msg)
             set_message_id(reply, f"r{msg.metadata.message_id}")

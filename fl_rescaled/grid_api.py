@@ -5,6 +5,8 @@ asynchronous run can use a little more, when the Grid offers it (``AsyncGrid``):
 
 - ``virtual_time``: replies are computed when pulled (an in-process Grid), so the run can use the
   virtual clock;
+- ``partition_order``: the node ids ascend with the nodes' ``partition-id`` (a Grid that numbers its
+  nodes so), so workers can be numbered by partition without asking every node;
 - ``node_config(node_id)``: a node's config (its ``tau`` on the virtual clock);
 - ``wait_messages(ids, timeout)``: block until replies are ready, instead of polling;
 - ``discard_messages(ids)``: forget messages whose replies are no longer wanted (cancelled jobs);
@@ -33,6 +35,7 @@ class AsyncGrid(Protocol):
     """A Grid with the extras of the module docstring (``InProcessGrid``, or ``FlowerGrid`` around Flower's)."""
 
     virtual_time: bool
+    partition_order: bool
 
     def get_node_ids(self) -> Iterable[int]: ...
 
@@ -53,6 +56,7 @@ class FlowerGrid:
     """Flower's Grid (Simulation Engine, deployment) with the ``AsyncGrid`` defaults."""
 
     virtual_time = False
+    partition_order = False
 
     def __init__(self, grid: Grid, poll_interval: float = 0.002) -> None:
         self.grid = grid

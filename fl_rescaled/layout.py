@@ -17,7 +17,10 @@ read back with ``np.frombuffer`` past the header, without a copy. Anything else 
 array, another serialisation) falls back to Flower's own ``Array.numpy()``, and is refused unless its
 bytes hold one array of exactly the dtype and shape the ``Array`` declares.
 
-``decode`` validates a reply against the layout and raises ``RejectedReply`` naming what was expected.
+``flatten`` validates a reply against the layout and raises ``RejectedReply`` naming what was expected.
+An array of another dtype is cast to the model's when nothing is lost (a float32 reply to a float64
+model, as FedAvg's averaging would promote it) and refused when it would be narrowed (a float64
+reply to a float32 model, an integer model given floats).
 """
 
 from __future__ import annotations
@@ -29,9 +32,10 @@ from typing import Any
 
 import numpy as np
 import numpy.lib.format as npy_format
-from flwr.app import Array, ArrayRecord
+from flwr.app import Array, ArrayRecord, Message
 
 from .errors import RejectedReply
+from .messages import JOB_TYPE, reply_metrics
 
 _HEADERS: dict[tuple[str, tuple[int, ...]], bytes] = {}
 
@@ -167,6 +171,16 @@ class ModelLayout:
         carried = {e.key: np.array(values[e.key]) for e in entries if not e.is_float}
         return layout, flat, carried
 
+    def record_of(self, arrays: dict[str, np.ndarray], what: str) -> ArrayRecord:
+        """``arrays`` (a model read from a file) as the record jobs carry; ValueError naming ``what``
+        when they do not fit this layout."""
+        rec = ArrayRecord({k: encode_array(np.asarray(a)) for k, a in arrays.items()})
+        try:
+            self.flatten(rec, check_finite=False)
+        except RejectedReply as exc:
+            raise ValueError(f"{what} does not fit the model: {exc}") from None
+        return rec
+
     def describe(self) -> str:
         parts = [f"{e.key!r}: {e.dtype}{list(e.shape)}" for e in self.entries]
         return "{" + ", ".join(parts) + "}"
@@ -219,7 +233,7 @@ class ModelLayout:
                     raise RejectedReply("wrong-shape", f"array {single.key!r} has shape {list(a.shape)}, "
                                                        f"expected {list(single.shape)}")
                 if a.dtype != single.dtype:
-                    raise RejectedReply("wrong-dtype", f"array {single.key!r} is {a.dtype}, expected {single.dtype}")
+                    a = _cast(a, single)
                 flat = a.reshape(-1)
                 if check_finite and not all_finite(flat):
                     raise RejectedReply("non-finite", f"NaN or infinite values in {single.key!r}")
@@ -249,7 +263,7 @@ class ModelLayout:
             if a.shape != e.shape:
                 raise RejectedReply("wrong-shape", f"array {e.key!r} has shape {list(a.shape)}, expected {list(e.shape)}")
             if a.dtype != e.dtype:
-                raise RejectedReply("wrong-dtype", f"array {e.key!r} is {a.dtype}, expected {e.dtype}")
+                a = _cast(a, e)
             values[e.key] = a
         if self.single is not None:
             flat = values[self.single.key].reshape(-1)
@@ -262,6 +276,15 @@ class ModelLayout:
             raise RejectedReply("non-finite", f"NaN or infinite values in {_keys(bad)}")
         carried = {e.key: values[e.key] for e in self.entries if not e.is_float and e.key in values}
         return flat, carried
+
+
+def _cast(a: np.ndarray, e: Entry) -> np.ndarray:
+    """A reply's array in the model's dtype when that loses nothing (float32 → float64, int32 → int64:
+    numpy's "safe" casts, as FedAvg's averaging would promote them); a narrowing cast is refused."""
+    if np.can_cast(a.dtype, e.dtype, "safe"):
+        return a.astype(e.dtype)
+    raise RejectedReply("wrong-dtype", f"array {e.key!r} is {a.dtype}, expected {e.dtype} (a reply is cast up to "
+                                       "the model's dtype when nothing is lost, never narrowed)")
 
 
 def _keys(keys: list[str], limit: int = 6) -> str:
@@ -284,3 +307,23 @@ def array_record_of(content: Any, key: str) -> ArrayRecord:
     if not found:
         raise RejectedReply("malformed", f"the reply has no ArrayRecord (expected one named {key!r})")
     raise RejectedReply("malformed", f"the reply has {len(found)} ArrayRecords {found}, none named {key!r}")
+
+
+def read_reply(reply: Message, layout: ModelLayout, *, arrayrecord_key: str = "arrays",
+                carried_required: bool = True, check_finite: bool = True):
+    """Validate a job's reply (Flower's error replies, its type, its arrays against ``layout``).
+
+    Returns (flat float vector, carried non-float arrays, numeric metrics) or raises
+    ``RejectedReply`` with a reason tag and a message that names what was expected.
+    """
+    if reply.has_error():  # (before the type: Flower answers an expired job with a "system" error)
+        err = reply.error
+        raise RejectedReply(f"error-code-{err.code}", str(err.reason))
+    if reply.metadata.message_type != JOB_TYPE:
+        raise RejectedReply("wrong-type", f"a {reply.metadata.message_type!r} message answers a {JOB_TYPE!r} job")
+    if not reply.has_content():
+        raise RejectedReply("no-content", "the reply carries neither content nor an error")
+    content = reply.content
+    flat, carried = layout.flatten(array_record_of(content, arrayrecord_key), carried_required=carried_required,
+                                   check_finite=check_finite)
+    return flat, carried, reply_metrics(content)

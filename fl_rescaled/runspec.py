@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .availability import KINDS as AVAILABILITY_KINDS
 from .clock import DELAY_KINDS, tau_stats
+from .delays import TAU_PROFILES, tau_profile
 from .manager import ManagerSettings
 from .settings import Setting, of_dataclass, setting
 from .tasks import TASKS
@@ -34,7 +36,8 @@ MAX_EVALUATIONS = 1_000_000
 def default_taus(n: int) -> list[float]:
     """Two workers per power of two up to 16, repeating: 1,1,2,2,4,4,8,8,16,16,1,1,... (the paper's
     for n=10; with more clients the spread stays 16×, not 2^(n/2))."""
-    return [float(2 ** ((i // 2) % 5)) for i in range(n)]
+    powers = [1.0, 2.0, 4.0, 8.0, 16.0]  # (five float objects shared by every client: a population is large)
+    return [powers[(i // 2) % 5] for i in range(n)]
 
 
 @dataclass
@@ -45,10 +48,30 @@ class RunSpec:
     strategy: str = setting("rescaled", "the method (a name of fl_rescaled.strategies.STRATEGIES)")
     lr: float | None = setting(None, "the cycle stepsize α (default: the strategy's, 1)", positive=True)
     options: dict[str, Any] = field(default_factory=dict, metadata={"cli": False})
-    delays: str = setting("fixed", "compute times: exactly τ_i (fixed) or Exp(mean τ_i) draws (exponential)",
+    delays: str = setting("fixed", "compute times of mean τ_i: exactly τ_i (fixed), or exponential, lognormal "
+                                   "(--delay-sigma) or pareto (--delay-alpha) draws, or a trace file (--delay-trace)",
                           choices=DELAY_KINDS)
-    taus: list[float] | None = setting(None, "compute time per client (default 1,1,2,2,4,4,8,8,16,16, repeating)",
-                                       positive=True)
+    delay_sigma: float = setting(0.5, "lognormal compute times: the spread σ of log τ", low=0, high=10)
+    delay_alpha: float = setting(3.0, "pareto compute times: the tail index α (> 1; smaller, heavier)", low=1.000001,
+                                 high=1000)
+    delay_trace: str | None = setting(None, "a compute-time trace: CSV client,duration or JSON (docs/population.md)")
+    speed_drift: float | None = setting(None, "speeds that change: every job's time × (1 + rate · t), t its start")
+    speed_switch: list[float] | None = setting(None, "speeds that change: at,factor[,fraction]: jobs that start at or "
+                                                     "after time at take factor × as long (on that fraction of clients)")
+    taus: list[float] | None = setting(None, "mean compute time per client (default: --tau-profile)", positive=True)
+    tau_profile: str = setting("powers", "the clients' τ when --taus is not given: powers (1,1,2,2,4,4,8,8,16,16 "
+                                         "repeating), lognormal (mean 1, --tau-spread), uniform (1 to 16), constant 1",
+                               choices=TAU_PROFILES)
+    tau_spread: float = setting(1.0, "lognormal --tau-profile: the spread of log τ", low=0, high=10)
+    availability: str = setting("always", "when clients are online: always, daily (a cycle of "
+                                          "--availability-period with a random phase per client, online "
+                                          "--availability-fraction of it), or a trace file (--availability-trace)",
+                                choices=AVAILABILITY_KINDS)
+    availability_period: float = setting(24.0, "daily availability: the cycle's length in time units", positive=True)
+    availability_fraction: float = setting(0.5, "daily availability: the share of each cycle a client is online",
+                                           low=0, high=1)
+    availability_trace: str | None = setting(None, "an availability trace: CSV client,start,end or JSON "
+                                                   "(docs/population.md)")
     num_clients: int | None = setting(None, "number of clients (default len(taus), else 10)", low=1, high=MAX_CLIENTS)
     budget: float = setting(10000.0, "time budget in time units (simulated; on the wall clock seconds / time-unit)",
                             positive=True)
@@ -106,7 +129,8 @@ class RunSpec:
             guesses = [s.taus, s.quad_b if s.task == "quadratic" else None, weights]
             s.num_clients = next((len(g) for g in guesses if g), 10)
         if s.taus is None:
-            s.taus = default_taus(s.num_clients)
+            s.taus = default_taus(s.num_clients) if s.tau_profile == "powers" else tau_profile(
+                s.num_clients, s.tau_profile, seed=s.seed, spread=s.tau_spread).tolist()
         if len(s.taus) != s.num_clients:
             raise ValueError(f"--taus has {len(s.taus)} values for {s.num_clients} clients")
         tau_stats(s.taus)  # positive and finite
@@ -119,11 +143,15 @@ class RunSpec:
                              f"of a {s.budget:g}-unit budget")
         if weights is not None and len(weights) != s.num_clients:
             raise ValueError(f"--rescaled-weights has {len(weights)} values for {s.num_clients} clients")
-        if s.task == "quadratic":
-            s.quad_a = s.quad_a if s.quad_a is not None else [1.0] * s.num_clients
-            s.quad_b = s.quad_b if s.quad_b is not None else [float(i) for i in range(s.num_clients)]
-            if len(s.quad_a) != s.num_clients or len(s.quad_b) != s.num_clients:
+        if s.task == "quadratic":  # (left out, a_i = 1 and b_i = i: the task makes them, jobs stay small)
+            if any(v is not None and len(v) != s.num_clients for v in (s.quad_a, s.quad_b)):
                 raise ValueError("--quad-a and --quad-b need one value per client")
+        if s.delays == "trace" and not s.delay_trace:
+            raise ValueError("--delays trace needs --delay-trace FILE")
+        if s.availability == "trace" and not s.availability_trace:
+            raise ValueError("--availability trace needs --availability-trace FILE")
+        if s.speed_switch is not None and len(s.speed_switch) not in (2, 3):
+            raise ValueError("--speed-switch: at,factor or at,factor,fraction")
         return s
 
     def checkpoint_path(self) -> Path | None:
@@ -147,8 +175,11 @@ class RunSpec:
             if self.data_dir:
                 cfg["data-dir"] = str(self.data_dir)
         else:
-            cfg.update({"quad-a": list(self.quad_a or []), "quad-b": list(self.quad_b or []),
-                        "quad-dim": self.quad_dim, "noise": self.noise})
+            cfg.update({"quad-dim": self.quad_dim, "noise": self.noise})
+            if self.quad_a is not None:
+                cfg["quad-a"] = list(self.quad_a)
+            if self.quad_b is not None:
+                cfg["quad-b"] = list(self.quad_b)
         return cfg
 
 

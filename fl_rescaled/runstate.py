@@ -84,6 +84,7 @@ class RunState:
     train_metrics: dict[int, dict[str, Any]] = field(default_factory=dict)
     server_metrics: dict[int, dict[str, Any]] = field(default_factory=dict)
     client_metrics: dict[int, dict[str, Any]] = field(default_factory=dict)
+    progress: dict[int, dict[str, Any]] = field(default_factory=dict)
     answered: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # workers heard from
     consecutive: int = 0  # replies rejected in a row
     replica_lrs: np.ndarray | None = None  # batched runs: each replica's α (0: frozen)

@@ -14,10 +14,11 @@ path computed its steps.
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Callable, Sequence
 from functools import partial
+
+import numpy as np
 
 Rule = Callable[[float, int, "TauTable", int], float]
 Staleness = Callable[[float, int, int], float]
@@ -153,32 +154,36 @@ DELAY_RULES = ("inverse", "authors")
 class TauTable:
     """The mean compute time τ_i of every worker and the statistics the rules read.
 
-    Fixed (the virtual clock: τ_i known, every worker active): τ_max and τ_H are computed once.
-    Online (the wall clock): estimates arrive one worker at a time and workers leave and return;
-    τ_max (a lazy max-heap), Σ 1/τ_i and the active weight are kept up to date in O(log n) per
-    change, and Σ 1/τ_i is recomputed exactly every n changes so rounding cannot drift.
+    Fixed (the virtual clock: τ_i known, every worker active): τ_max, τ_H and the median are
+    computed once. Online (the wall clock, or a population's delivery periods): estimates arrive one
+    worker at a time and workers leave and return; Σ 1/τ_i and the active weight are kept up to date
+    in O(1) per change and recomputed exactly every n changes so rounding cannot drift; τ_max is
+    kept too, and recomputed over the workers (O(n)) only when the worker that holds it goes down
+    or leaves; the median every n changes. Memory is a few arrays of n, whatever the number of
+    changes (a week-long run). ``estimated=True`` with ``taus``: online estimates that start from
+    ``taus`` (kept as ``prior``).
     """
 
-    def __init__(self, n: int, taus: Sequence[float] | None = None, weights: Sequence[float] | None = None) -> None:
+    def __init__(self, n: int, taus: Sequence[float] | None = None, weights: Sequence[float] | None = None,
+                 *, estimated: bool = False) -> None:
         self.n = int(n)
-        self.fixed = taus is not None
+        self.fixed = taus is not None and not estimated
         self.taus = [float(t) for t in taus] if taus is not None else [math.nan] * self.n
         if len(self.taus) != self.n:
             raise ValueError(f"{len(self.taus)} compute times for {self.n} workers")
+        self.prior = list(self.taus)
         self.active = [True] * self.n
         self.n_active = self.n
-        if self.fixed:
-            self.n_known = self.n
-            self.tau_max = max(self.taus)
-            self.tau_h = harmonic_mean(self.taus)
-        else:
-            self.n_known = 0
-            self.tau_max = math.nan
-            self.tau_h = math.nan
-        self._inv_sum = sum(1.0 / t for t in self.taus) if self.fixed else 0.0
-        self._heap = [(-t, i) for i, t in enumerate(self.taus)] if self.fixed else []
-        heapq.heapify(self._heap)
+        known = taus is not None
+        self.n_known = self.n if known else 0
+        self.tau_max = max(self.taus) if known and self.n else math.nan
+        self.tau_h = harmonic_mean(self.taus) if known and self.n else math.nan
+        self._inv_sum = sum(1.0 / t for t in self.taus) if known else 0.0
+        # (online tables) each active worker's estimate, -inf where none: where τ_max is looked for
+        self._live = None if self.fixed else np.array(self.taus if known else [-math.inf] * self.n, np.float64)
+        self._argmax = int(np.argmax(self._live)) if self._live is not None and known and self.n else -1
         self._changes = 0
+        self._median = float(np.median(self.taus)) if known and self.n else math.nan
         self.set_weights(weights)
 
     def set_weights(self, weights: Sequence[float] | None) -> None:
@@ -196,20 +201,20 @@ class TauTable:
         return self.weights[worker] / self._weight_active
 
     def update(self, worker: int, tau: float) -> None:
-        """A new estimate of worker ``worker``'s τ (the wall clock)."""
+        """A new estimate of worker ``worker``'s τ (an online table)."""
         if self.fixed:
             raise RuntimeError("the compute times of a virtual clock are fixed")
         if not (tau > 0 and math.isfinite(tau)):
             raise ValueError(f"a compute time must be positive and finite, got {tau!r}")
         old = self.taus[worker]
-        self.taus[worker] = float(tau)
+        self.taus[worker] = tau = float(tau)
         if self.active[worker]:
             if math.isnan(old):
                 self.n_known += 1
             else:
                 self._inv_sum -= 1.0 / old
             self._inv_sum += 1.0 / tau
-            heapq.heappush(self._heap, (-float(tau), worker))
+            self._set_live(worker, tau)
             self._refresh()
 
     def set_active(self, worker: int, active: bool) -> None:
@@ -224,9 +229,21 @@ class TauTable:
         if not math.isnan(tau):
             self.n_known += 1 if active else -1
             self._inv_sum += 1.0 / tau if active else -1.0 / tau
-            if active:
-                heapq.heappush(self._heap, (-tau, worker))
+            if self._live is not None:
+                self._set_live(worker, tau if active else -math.inf)
         self._refresh()
+
+    def _set_live(self, worker: int, value: float) -> None:
+        live = self._live
+        assert live is not None
+        live[worker] = value
+        if value >= self.tau_max or not self.tau_max == self.tau_max:
+            self.tau_max, self._argmax = value, worker
+        elif worker == self._argmax:  # the largest went down or left: look again
+            self._argmax = int(np.argmax(live))
+            self.tau_max = float(live[self._argmax])
+        if self.tau_max == -math.inf:
+            self.tau_max, self._argmax = math.nan, -1
 
     def _refresh(self) -> None:
         self._changes += 1
@@ -236,19 +253,65 @@ class TauTable:
             self._inv_sum = sum(1.0 / t for t in known)
             if self.weights is not None:
                 self._weight_active = sum(w for w, a in zip(self.weights, self.active) if a)
-        heap = self._heap
-        while heap and (not self.active[heap[0][1]] or -heap[0][0] != self.taus[heap[0][1]]):
-            heapq.heappop(heap)  # an entry of a worker that left or has a newer estimate
-        self.tau_max = -heap[0][0] if heap else math.nan
         self.tau_h = self.n_known / self._inv_sum if self.n_known else math.nan
+        if self._changes == 0 or math.isnan(self._median):  # (the median: every n changes, or when unknown)
+            live = self._live[np.isfinite(self._live)] if self._live is not None else np.zeros(0)
+            self._median = float(np.median(live)) if live.size else math.nan
+
+    def reference(self, max_ratio: float | None) -> float:
+        """τ_max, or at most ``max_ratio`` × the median τ (None: no bound)."""
+        if max_ratio is None or not self._median == self._median:  # (no bound, or no median yet)
+            return self.tau_max
+        return min(self.tau_max, max_ratio * self._median)
+
+
+def delivery_periods(taus: Sequence[float], concurrency: int) -> np.ndarray:
+    """Each client's mean time between deliveries, p_i = 1 / f_i, when at most ``concurrency`` (C) of
+    the n clients train at a time and a freed slot goes to a client drawn uniformly from the idle ones.
+
+    Derivation. A client alternates idle waits and jobs of mean length τ_i. There are always n − C
+    idle clients and a slot is refilled uniformly among them (the one that just finished included),
+    so the mean wait W is the same for every client, whatever its τ: p_i = W + τ_i (renewal-reward).
+    Every slot is busy all the time, so Σ_i τ_i / p_i = C (Little's law: the busy clients, counted
+    by their share of time busy). The left side falls from n (W = 0) to 0, so W is the one root;
+    it is found by bisection. With C = n, W = 0 and p_i = τ_i: the paper's setting, where every
+    worker is always busy. (W is exact in the mean-field limit of many clients; for a handful the
+    small correlation between a client's waits and the others' speeds is ignored.)
+    """
+    t = np.asarray(taus, dtype=np.float64)
+    n, c = t.size, int(concurrency)
+    if not 1 <= c:
+        raise ValueError(f"concurrency must be at least 1, got {concurrency!r}")
+    if c >= n:
+        return t.copy()
+    lo, hi = 0.0, float(t.sum()) / c  # Σ τ_i / (W + τ_i) ≤ Σ τ_i / W = C at W = hi
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if float(np.sum(t / (mid + t))) > c:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-15 * max(1.0, hi):
+            break
+    return t + 0.5 * (lo + hi)
 
 
 # ------------------------------------------------------------------------------- rule factories
-def rescaled() -> Rule:
+def rescaled(max_ratio: float | None = None) -> Rule:
     """Rescaled ASGD: γ_i = α · w_i · τ_i / τ_max, with the table's target weights w_i (renormalised
     over the active workers; equal by default). Worker i's steps then add up to α · w_i per τ_max
-    whatever its speed. (A reply of a worker that has just left still counts with its own τ.)"""
-    return _rescaled
+    whatever its speed. (A reply of a worker that has just left still counts with its own τ.)
+
+    ``max_ratio`` bounds the steps when one worker's τ (its time between deliveries) is far above the
+    others': τ_max is replaced by min(τ_max, max_ratio × median τ), and a τ_i above that counts as
+    that. The rarest workers' aggregate weight is then below w_i (they deliver too rarely to be
+    given their full share), in exchange for the others' steps not shrinking with the rarest one.
+    """
+    if max_ratio is None:
+        return _rescaled
+    if not (max_ratio >= 1 and math.isfinite(max_ratio)):
+        raise ValueError(f"max_ratio must be at least 1, got {max_ratio!r}")
+    return partial(_rescaled_bounded, float(max_ratio))
 
 
 def vanilla() -> Rule:
@@ -266,6 +329,15 @@ def _rescaled(alpha: float, worker: int, taus: TauTable, delay: int) -> float:
     if not tau_max >= tau_i:
         tau_max = tau_i
     return rescaled_step(alpha, taus.share(worker), tau_i, tau_max)
+
+
+def _rescaled_bounded(max_ratio: float, alpha: float, worker: int, taus: TauTable, delay: int) -> float:
+    tau_ref = taus.reference(max_ratio)
+    tau_i = taus.taus[worker]
+    if not tau_ref >= tau_i:
+        tau_i = tau_ref if tau_ref == tau_ref else tau_i
+        tau_ref = tau_i
+    return rescaled_step(alpha, taus.share(worker), tau_i, tau_ref)
 
 
 def _vanilla(alpha: float, worker: int, taus: TauTable, delay: int) -> float:

@@ -14,7 +14,7 @@ from .delay_adaptive import DelayAdaptiveASGD
 from .fedasync import FedAsync
 from .fedbuff import FedBuff
 from .malenia import MaleniaSGD
-from .minibatch import MinibatchSGD
+from .minibatch import FedAvgSync, MinibatchSGD
 from .rescaled import RescaledASGD
 from .ringleader import RingleaderASGD
 from .vanilla import VanillaASGD
@@ -30,6 +30,7 @@ STRATEGIES: dict[str, type[AsyncStrategy]] = {
     "concurrent": ConcurrentASGD,
     "fedasync": FedAsync,
     "fedbuff": FedBuff,
+    "fedavg": FedAvgSync,
     "damped-rescaled": asgd_variant("damped-rescaled", damped_rescaled),
 }
 
@@ -41,6 +42,7 @@ __all__ = [
     "ConcurrentASGD",
     "DelayAdaptiveASGD",
     "FedAsync",
+    "FedAvgSync",
     "FedBuff",
     "MaleniaSGD",
     "MinibatchSGD",

@@ -8,7 +8,7 @@ from typing import Any
 
 from fl_rescaled.algorithm import Run
 from fl_rescaled.manager import Completion
-from fl_rescaled.stepsizes import RULES, Rule
+from fl_rescaled.stepsizes import RULES, Rule, TauTable
 
 from .base import AsyncStrategy
 
@@ -25,8 +25,8 @@ class ASGD(AsyncStrategy):
     rule : callable or str (default: "vanilla")
         The stepsize rule: a name in ``fl_rescaled.stepsizes.RULES`` or a rule function
         ``rule(alpha, worker, taus, delay) -> γ`` (``fl_rescaled.stepsizes`` builds them).
-    lr, reply, jobs_per_node, fraction_evaluate, weighted_by_key, arrayrecord_key, configrecord_key, max_consecutive_rejections
-        As in ``AsyncStrategy``.
+    **kwargs
+        The options of every strategy: as in ``AsyncStrategy``.
     """
 
     name = "asgd"
@@ -39,8 +39,12 @@ class ASGD(AsyncStrategy):
             rule = RULES[rule]()
         self.rule = rule
 
+    def table(self, run: Run) -> TauTable:
+        """The τ table the rule reads: each worker's mean time between deliveries (``run.taus``)."""
+        return run.taus
+
     def on_completion(self, run: Run, comp: Completion) -> None:
-        run.apply(comp.worker, comp.update, self.rule(self.lr, comp.worker, run.taus, comp.delay))
+        run.apply(comp.worker, comp.update, self.rule(self.lr, comp.worker, self.table(run), comp.delay))
         run.send_next(comp.worker)
 
 

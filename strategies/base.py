@@ -14,12 +14,12 @@ from __future__ import annotations
 import io
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
@@ -64,6 +64,8 @@ class AsyncStrategy(Strategy):
         Fraction of the nodes that evaluate the global model with their ``@app.evaluate`` at each
         evaluation point (as FedAvg's); their aggregated metrics fill
         ``Result.evaluate_metrics_clientapp``. 0 turns federated evaluation off.
+    min_evaluate_nodes : int (default: 2)
+        FedAvg's: the least number of nodes that evaluate (at most every online node).
     weighted_by_key : str (default: "num-examples")
         The reply metric used as the weight when metrics are averaged.
     arrayrecord_key : str (default: "arrays")
@@ -74,6 +76,24 @@ class AsyncStrategy(Strategy):
         The run stops with ``RunFailed`` when this many replies in a row are rejected (lost jobs
         of nodes that left do not count). It also stops when every worker has answered and no
         reply could be used.
+    concurrency : int, optional (default: every node)
+        C, the most jobs in flight across the N workers. With C < N a freed slot goes to a worker
+        drawn uniformly (seeded) from the idle, online ones: a federated population, C training at
+        a time. Default: from ``fraction_train``.
+    fraction_train : float (default: 1.0)
+        FedAvg's: when ``concurrency`` is not given, C = max(min_train_nodes, ⌈fraction_train · N⌉)
+        (1.0: every node trains all the time).
+    min_train_nodes : int (default: 2)
+        FedAvg's: the least C that ``fraction_train`` may give.
+    min_available_nodes : int (default: 1)
+        FedAvg's: wait for this many nodes before the first job (FedAvg's default is 2; an
+        asynchronous run can start with one).
+    train_metrics_aggr_fn : callable, optional
+        FedAvg's: ``fn(list[RecordDict], weighted_by_key) -> MetricRecord`` aggregates the metrics of
+        the replies of each evaluation window (default: FedAvg's weighted average, lists element
+        by element, the weight key left out).
+    evaluate_metrics_aggr_fn : callable, optional
+        FedAvg's: the same for the federated evaluation's replies.
     """
 
     #: Short name used on the command line and in reports.
@@ -82,6 +102,10 @@ class AsyncStrategy(Strategy):
     default_reply = "gradient"
     #: False for the round-based methods, which keep exactly one job per worker.
     restarts_at_once = True
+    #: Whether the steps follow each worker's τ (the τ-proportional rules; a warning says when all τ are equal).
+    uses_tau = False
+    #: Whether ``lr`` (α) sets the steps (False: the clients' own learning rate does; not shown as a setting).
+    uses_lr = True
 
     def __init__(
         self,
@@ -94,6 +118,13 @@ class AsyncStrategy(Strategy):
         arrayrecord_key: str = "arrays",
         configrecord_key: str = "config",
         max_consecutive_rejections: int | None = None,
+        concurrency: int | None = None,
+        fraction_train: float = 1.0,
+        min_train_nodes: int = 2,
+        min_available_nodes: int = 1,
+        min_evaluate_nodes: int = 2,
+        train_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
+        evaluate_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
     ) -> None:
         if isinstance(lr, bool) or not (isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr)):
             raise ValueError(f"the cycle stepsize lr (α) must be positive, got {lr!r}")
@@ -108,6 +139,20 @@ class AsyncStrategy(Strategy):
             raise ValueError(f"fraction_evaluate must be in [0, 1], got {fraction_evaluate!r}")
         if max_consecutive_rejections is not None and max_consecutive_rejections < 1:
             raise ValueError("max_consecutive_rejections must be at least 1")
+        for name, value, least in (("concurrency", concurrency, 1), ("min_train_nodes", min_train_nodes, 1),
+                                   ("min_available_nodes", min_available_nodes, 1),
+                                   ("min_evaluate_nodes", min_evaluate_nodes, 0)):
+            if value is not None and (isinstance(value, bool) or int(value) != value or value < least):
+                raise ValueError(f"{name} must be an integer of at least {least}, got {value!r}")
+        for name, fn in (("train_metrics_aggr_fn", train_metrics_aggr_fn),
+                         ("evaluate_metrics_aggr_fn", evaluate_metrics_aggr_fn)):
+            if fn is not None and not callable(fn):
+                raise ValueError(f"{name} must be a function (list[RecordDict], str) -> MetricRecord")
+        if not 0.0 < fraction_train <= 1.0:
+            raise ValueError(f"fraction_train must be in (0, 1], got {fraction_train!r}")
+        if concurrency is not None and jobs_per_node != 1:
+            raise ValueError("jobs_per_node applies when every worker is always busy; with concurrency, one job "
+                             "per worker")
         self.lr = float(lr)
         self.reply = reply
         self.jobs_per_node = jobs_per_node
@@ -116,6 +161,11 @@ class AsyncStrategy(Strategy):
         self.arrayrecord_key = arrayrecord_key
         self.configrecord_key = configrecord_key
         self.max_consecutive_rejections = max_consecutive_rejections
+        self.concurrency = None if concurrency is None else int(concurrency)
+        self.fraction_train, self.min_train_nodes = float(fraction_train), int(min_train_nodes)
+        self.min_available_nodes = int(min_available_nodes)
+        self.min_evaluate_nodes = int(min_evaluate_nodes)
+        self.train_metrics_aggr_fn, self.evaluate_metrics_aggr_fn = train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         #: The algorithm's state (``State``); a run starts with a fresh one (``init_state``).
         self.state: Any = self.State()
         #: The driver of the last run started (its manager, books and state stay readable after it).
@@ -134,9 +184,21 @@ class AsyncStrategy(Strategy):
         """Raise ValueError when ``state`` (read from a checkpoint) does not fit ``n`` workers and the
         model ``x`` (array shapes and ranges the schema cannot say)."""
 
+    def slots(self, n: int) -> int:
+        """C for a run of ``n`` workers: ``concurrency``, else max(min_train_nodes, ⌈fraction_train · n⌉),
+        at most n."""
+        if self.concurrency is not None:
+            return min(self.concurrency, n)
+        return min(n, max(self.min_train_nodes, math.ceil(self.fraction_train * n)))
+
     def on_start(self, run: Run) -> None:
-        """Send the first jobs: ``jobs_per_node`` jobs to every worker (the methods that restart at once)."""
-        for worker in range(run.n):
+        """Send the first jobs: ``jobs_per_node`` jobs to every worker (the methods that restart at once);
+        with C < N, C jobs, each to a worker the selection draws."""
+        if run.concurrency < run.n:
+            for _ in range(run.concurrency):
+                run.send_next(None)
+            return
+        for worker in run.online_workers():
             self.on_joined(run, worker)
 
     def on_completion(self, run: Run, comp: Completion) -> None:
@@ -144,20 +206,37 @@ class AsyncStrategy(Strategy):
         raise NotImplementedError
 
     def on_rejected(self, run: Run, comp: Completion) -> None:
-        """A reply that must not touch the model: its worker's slot gets a fresh job on the current
-        model (unless its node is gone: it gets one when it reappears, and a job of the node it had
-        before it restarted is not replaced, since the worker got its jobs when it rejoined)."""
-        if run.is_online(comp.worker) and comp.job.node_id == run.node_of(comp.worker):
-            run.send_next(comp.worker)
+        """A reply that must not touch the model: its slot gets a fresh job on the current model. With
+        C = N that is its worker's, unless its node is gone (it gets one when it comes back); a job
+        of the node a worker had before it restarted is not replaced (the worker got its jobs when
+        it rejoined)."""
+        if comp.job.node_id == run.node_of(comp.worker):
+            run.send_next(comp.worker)  # (to the same worker if it is online, with C = N)
 
     def on_joined(self, run: Run, worker: int) -> None:
         """A worker's node (re)appeared (wall clock), or the run starts: ``jobs_per_node`` jobs for it."""
         for _ in range(self.jobs_per_node):
             run.send(worker)
 
-    def job_config(self) -> dict | None:
-        """Extra config every job of this strategy carries; default none."""
-        return None
+    def configure_job(self, config: ConfigRecord, *, updates: int, time: float) -> ConfigRecord:
+        """The config of the next job: ``train_config`` as given to ``start`` (a copy), changed as the
+        strategy wants. The asynchronous counterpart of FedAvg's ``configure_train``: override it for a
+        learning-rate schedule by the number of server updates so far (``updates``, FedAvg's
+        ``server_round - 1``) or by the run's ``time``. The job's tags are added after. Default: as is."""
+        del updates, time
+        return config
+
+    @property
+    def configures_jobs(self) -> bool:
+        """Whether ``configure_job`` is overridden (else no per-job config is built)."""
+        return type(self).configure_job is not AsyncStrategy.configure_job
+
+    def on_evaluation(self, step: int, arrays: ArrayRecord, metrics: dict[str, MetricRecord]) -> None:
+        """Called at every evaluation point, in order, once its evaluations are done: ``step`` is its
+        number, ``arrays`` the model there, ``metrics`` its records by name (``train``, ``server``:
+        what ``evaluate_fn`` returned, ``federated``, ``progress``: time and updates). Override it to
+        save the best model or append to a results file (FedAvg users do it in ``evaluate_fn``;
+        both work). Default: nothing."""
 
     def target_weights(self) -> Sequence[float] | None:
         """Per-partition target weights, if the method has them (then the run needs the partition query)."""
@@ -168,7 +247,10 @@ class AsyncStrategy(Strategy):
         return 0
 
     def describe(self) -> dict[str, Any]:
-        return {"strategy": self.name, "lr": self.lr, "reply": self.reply}
+        out = {"strategy": self.name, **({"lr": self.lr} if self.uses_lr else {}), "reply": self.reply}
+        if self.concurrency is not None or self.fraction_train != 1.0:
+            out.update(concurrency=self.concurrency, fraction_train=self.fraction_train)
+        return out
 
     def local_lr(self, gamma_v: float, steps: int) -> float:
         """The local learning rate of ``steps`` local SGD steps per job (model replies) under the α
@@ -250,7 +332,8 @@ class AsyncStrategy(Strategy):
             start (step 0), at every evaluation point and at the end.
         time_budget : float, optional
             Stop when the clock reaches this time: virtual time units, or on the wall clock
-            seconds / ``time_unit`` counted from the first job sent.
+            seconds / ``time_unit`` counted from the first reply (when a node is ready: Ray's or a
+            SuperLink's start-up is not counted).
         clock : VirtualClock or WallClock, optional
             Default: on ``InProcessGrid`` a virtual clock with each node's ``tau`` from its node
             config (1 if unset); on Flower's runtimes the wall clock, with τ_i estimated online.
@@ -321,6 +404,13 @@ class AsyncStrategy(Strategy):
         for line in io.StringIO(str(result)):
             log.info("\t%s", line.rstrip("\n"))
         return result
+
+
+def every_worker_each_round(strategy: AsyncStrategy, run: Run) -> None:
+    """Refuse a population (C < N) for a method whose rounds wait for every worker."""
+    if run.concurrency < run.n:
+        raise ValueError(f"{type(strategy).__name__}'s rounds wait for every worker: it needs every node training "
+                         f"(concurrency {run.concurrency} < {run.n} workers)")
 
 
 _VANILLA = vanilla()

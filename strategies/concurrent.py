@@ -10,7 +10,7 @@ import numpy as np
 from fl_rescaled.algorithm import Run
 from fl_rescaled.manager import Completion
 
-from .base import AsyncStrategy
+from .base import _VANILLA, AsyncStrategy
 
 
 @dataclass
@@ -23,7 +23,7 @@ class ConcurrentState:
 class ConcurrentASGD(AsyncStrategy):
     """Concurrent ASGD: each new model goes to a worker drawn at random, busy or not.
 
-    τ_C jobs are in flight (all n workers at the start). Each arrival is applied at once with a
+    τ_C jobs are in flight (the common ``concurrency``; all n workers by default). Each arrival is applied at once with a
     constant step η = α · τ_H / (n · τ_max) (Vanilla's), and the new model is queued on a worker drawn
     uniformly at random, whether or not it is busy; a worker serves its queue first-in first-out and
     idles when the queue is empty. The draws come from a generator seeded by the run seed.
@@ -32,43 +32,34 @@ class ConcurrentASGD(AsyncStrategy):
     ----------
     seed : int, optional (default: the run's seed)
         Seeds the random worker draws (non-negative).
-    concurrency : int, optional (default: n)
-        τ_C, the number of jobs in flight (1 ≤ τ_C ≤ n).
-    lr, reply, fraction_evaluate, weighted_by_key, arrayrecord_key, configrecord_key, max_consecutive_rejections
-        As in ``AsyncStrategy``.
+    **kwargs
+        The options of every strategy: as in ``AsyncStrategy``.
     """
 
     name = "concurrent"
     restarts_at_once = False
     State = ConcurrentState
 
-    def __init__(self, *, seed: int | None = None, concurrency: int | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, seed: int | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        if concurrency is not None and (isinstance(concurrency, bool) or int(concurrency) != concurrency
-                                        or concurrency < 1):
-            raise ValueError(f"concurrency must be a positive integer, got {concurrency!r}")
         if seed is not None and (isinstance(seed, bool) or int(seed) != seed or seed < 0):
             raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
         self.seed = None if seed is None else int(seed)
-        self.concurrency = None if concurrency is None else int(concurrency)
 
     def describe(self) -> dict:
-        return {**super().describe(), "seed": self.seed, "concurrency": self.concurrency}
+        return {**super().describe(), "seed": self.seed}
 
     def init_state(self, run: Run) -> ConcurrentState:
         return ConcurrentState(np.random.default_rng((run.seed if self.seed is None else self.seed, 0xC0C0)))
 
     def on_start(self, run: Run) -> None:
-        rng, n = self.state.rng, run.n
-        tau_c = n if self.concurrency is None else int(self.concurrency)
-        if not 1 <= tau_c <= n:
-            raise ValueError(f"concurrency must be in 1..{n}")
+        rng, n, tau_c = self.state.rng, run.n, run.concurrency
         starters = range(n) if tau_c == n else rng.choice(n, tau_c, replace=False)
         for worker in sorted(int(w) for w in starters):
             run.send(worker)
 
     def on_completion(self, run: Run, comp: Completion) -> None:
-        run.apply(comp.worker, comp.update, self.vanilla_gamma(self.lr, run))
+        run.apply(comp.worker, comp.update, _VANILLA(self.lr, 0, run.compute_taus, 0))
         run.send(int(self.state.rng.integers(run.n)))
 
     def on_rejected(self, run: Run, comp: Completion) -> None:

@@ -20,8 +20,8 @@ class DelayAdaptiveASGD(ASGD):
     rule : str (default: "inverse")
         ``"inverse"`` (the seed paper's analysis): γ / (1 + δ). ``"authors"`` (Mishchenko et al.'s
         code): γ · n / max(n, δ).
-    lr, reply, jobs_per_node, fraction_evaluate, weighted_by_key, arrayrecord_key, configrecord_key, max_consecutive_rejections
-        As in ``AsyncStrategy``.
+    **kwargs
+        The options of every strategy: as in ``AsyncStrategy``.
     """
 
     name = "delay-adaptive"

@@ -34,13 +34,14 @@ class FedAsync(AsyncStrategy):
     reply : str (default: "model")
         As in ``AsyncStrategy``. With ``"gradient"`` the reply is taken as the client's update
         Δ = x_τ − y itself.
-    jobs_per_node, fraction_evaluate, weighted_by_key, arrayrecord_key, configrecord_key, max_consecutive_rejections
-        As in ``AsyncStrategy``. ``lr`` is not used: the clients' own learning rate sets the size of
-        their updates (send it in ``train_config``).
+    **kwargs
+        The options of every strategy: as in ``AsyncStrategy``. ``lr`` is not used: the clients'
+        own learning rate sets the size of their updates (send it in ``train_config``).
     """
 
     name = "fedasync"
     default_reply = "model"
+    uses_lr = False
 
     def __init__(self, *, mixing: float = 0.6, staleness: str = "polynomial", a: float = 0.5, b: int = 4,
                  **kwargs: Any) -> None:

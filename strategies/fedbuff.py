@@ -41,13 +41,14 @@ class FedBuff(AsyncStrategy):
         p in w(δ) = 1 / (1 + δ)^p, in [0, 1]; 0 turns the discount off.
     reply : str (default: "model")
         As in ``AsyncStrategy``. With ``"gradient"`` the reply is taken as Δ itself.
-    jobs_per_node, fraction_evaluate, weighted_by_key, arrayrecord_key, configrecord_key, max_consecutive_rejections
-        As in ``AsyncStrategy``. ``lr`` is not used: the clients' own learning rate sets the size of
-        their updates (send it in ``train_config``).
+    **kwargs
+        The options of every strategy: as in ``AsyncStrategy``. ``lr`` is not used: the clients'
+        own learning rate sets the size of their updates (send it in ``train_config``).
     """
 
     name = "fedbuff"
     default_reply = "model"
+    uses_lr = False
     State = FedBuffState
 
     def __init__(self, *, buffer_size: int = 10, server_lr: float = 1.0, staleness_exponent: float = 0.5,

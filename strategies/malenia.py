@@ -11,7 +11,7 @@ from fl_rescaled.algorithm import Run
 from fl_rescaled.manager import Completion
 
 from .aggregate import average_of_means
-from .base import AsyncStrategy
+from .base import AsyncStrategy, every_worker_each_round
 
 
 @dataclass
@@ -44,8 +44,8 @@ class MaleniaSGD(AsyncStrategy):
     S : float, optional (default: every worker delivers at least one gradient per round)
         Close a round at the first arrival that makes the harmonic mean of the per-worker counts
         exceed S / n (with S < n this is the default rule).
-    lr, reply, fraction_evaluate, weighted_by_key, arrayrecord_key, configrecord_key, max_consecutive_rejections
-        As in ``AsyncStrategy``; ``lr`` is the step of each round.
+    **kwargs
+        The options of every strategy: as in ``AsyncStrategy``; ``lr`` is the step of each round.
     """
 
     name = "malenia"
@@ -62,6 +62,7 @@ class MaleniaSGD(AsyncStrategy):
         return {**super().describe(), "S": self.S}
 
     def init_state(self, run: Run) -> MaleniaState:
+        every_worker_each_round(self, run)
         return MaleniaState(np.zeros((run.n, run.x.size), dtype=run.x.dtype), np.zeros(run.n, dtype=np.int64))
 
     def check_state(self, state: MaleniaState, n: int, x: np.ndarray) -> None:
@@ -72,14 +73,14 @@ class MaleniaSGD(AsyncStrategy):
         return len(self.state.B)  # one gradient accumulator per worker
 
     def on_start(self, run: Run) -> None:
-        for worker in range(run.n):
+        for worker in run.online_workers():
             run.send(worker)
 
     def _round_done(self, run: Run) -> bool:
         """Every online worker has delivered (and, with S, the harmonic mean of their counts is
         above S/n). A worker whose node is gone (wall clock) is not waited for."""
         st, n = self.state, run.n
-        if run.virtual:  # everyone is online: the running counts decide
+        if run.all_online:  # everyone is online: the running counts decide
             if st.delivered < n:
                 return False
             return self.S is None or n / st.inv_sum > self.S / n

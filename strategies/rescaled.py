@@ -1,30 +1,48 @@
-"""Rescaled ASGD: plain ASGD whose worker-i stepsize is proportional to its compute time τ_i."""
+"""Rescaled ASGD: plain ASGD whose worker-i stepsize is proportional to its time between deliveries."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from fl_rescaled.stepsizes import check_weights, rescaled
+from fl_rescaled.algorithm import Run
+from fl_rescaled.stepsizes import TauTable, check_weights, rescaled
 
 from .asgd import ASGD
 
 
 class RescaledASGD(ASGD):
-    """Rescaled ASGD (Mahran, Maranjyan & Richtárik, 2026).
+    """Rescaled ASGD (Mahran, Maranjyan & Richtárik, 2026), for a population too.
 
-    Every reply is applied at once with worker i's own step γ_i = α · w_i · τ_i / τ_max, and the
-    new model goes back to that worker. Worker i delivers about τ_max / τ_i replies per τ_max time
-    units, so its steps add up to α · w_i per τ_max whatever its speed: the method converges to the
-    minimiser of Σ w_i F_i (equal weights by default) instead of plain ASGD's frequency-weighted
-    objective Σ (τ_i⁻¹ / Σ_j τ_j⁻¹) F_i.
+    Every reply is applied at once with worker i's own step γ_i = α · w_i · p_i / p_max, where p_i is
+    worker i's mean time between deliveries (p_i = 1 / f_i, f_i its delivery rate) and w_i its
+    target weight. Worker i delivers about p_max / p_i replies per p_max time units, so its steps
+    add up to α · w_i per p_max whatever its speed or how often it is chosen: the method converges
+    to the minimiser of Σ w_i F_i (equal weights by default).
 
-    On the virtual clock τ_i is the delay model's mean; on the wall clock it is the client
-    manager's online estimate of worker i's time per delivery (or of its reported compute time),
-    τ_max the largest current estimate, and the weights are renormalised over the workers that
-    are online (whether or not they have delivered yet, so the first replies of a run take steps
-    of α · w_i, not the larger share of the few workers heard from so far). The rule is
-    ``fl_rescaled.stepsizes.rescaled``.
+    Why p_i. For small steps the model follows dx/dt = −Σ_i f_i γ_i ∇F_i(x) (client i's replies arrive
+    at rate f_i, each a step γ_i), so it settles at the minimiser of Σ_i f_i γ_i F_i. To land on Σ_i
+    w_i F_i, f_i γ_i must be proportional to w_i: γ_i ∝ w_i / f_i = w_i p_i. Normalised by p_max, the
+    rarest worker's step is α · w_i. When every worker is always busy (concurrency C = N), it
+    delivers once per compute time, p_i = τ_i: the paper's γ_i = α · w_i · τ_i / τ_max, the same
+    numbers. With C < N and a uniform draw among the idle clients, f_i is set by the draw as much as
+    by τ_i: p_i = W + τ_i with W the mean wait, the same for every client
+    (``fl_rescaled.stepsizes.delivery_periods``), so the p_i are closer together than the τ_i and
+    τ-proportional steps (``by="tau"``) over-weight the slow clients (they land on the minimiser of
+    Σ (τ_i / p_i) F_i), as plain ASGD over-weights the frequent ones (Σ (1 / p_i) F_i).
+
+    Where p_i comes from: on the virtual clock it is computed from the compute-time model when that
+    is stationary and every client is always online (exact when C = N); otherwise (an availability
+    model, speeds that change, the wall clock) it is estimated from each worker's deliveries, an
+    exponential moving average of the time between them (``tau_smoothing``), initialised by the first.
+    With τ_max the largest estimate; on the wall clock the weights are renormalised over the workers
+    online (whether or not they have delivered yet, so the first replies of a run take steps of
+    α · w_i, not the larger share of the few workers heard from so far).
+
+    A worker that delivers very rarely (a client online one hour a day) would make every other
+    worker's step tiny: ``max_ratio`` bounds p_max by that many times the median p, and a rarer
+    worker counts as that (its aggregate weight is then below w_i, and it says so in its name:
+    ``fl_rescaled.stepsizes.rescaled``).
 
     With ``reply="model"`` (an unchanged FedAvg ClientApp that returns its trained model) the
     same weights are applied to the pseudo-gradients Δ_i = x_sent − y_i, so fast clients still
@@ -39,18 +57,31 @@ class RescaledASGD(ASGD):
     weights : sequence of float, optional (default: 1/n each)
         The target mix w_i (non-negative, summing to 1), one per partition: the run then needs
         the partition query (``fl_rescaled.add_partition_query`` in the ClientApp).
-    lr, reply, jobs_per_node, fraction_evaluate, weighted_by_key, arrayrecord_key, configrecord_key, max_consecutive_rejections
-        As in ``AsyncStrategy`` (``reply`` defaults to ``"gradient"``).
+    by : str (default: "rate")
+        ``"rate"``: p_i, each worker's time between deliveries (see above). ``"tau"``: its compute
+        time τ_i, the paper's rule as written (the same when every worker is always busy).
+    max_ratio : float, optional (default: 10)
+        Bounds p_max at ``max_ratio`` × the median p (None: no bound). At least 1.
+    **kwargs
+        The options of every strategy: as in ``AsyncStrategy`` (``reply`` defaults to ``"gradient"``).
     """
 
     name = "rescaled"
+    uses_tau = True
 
-    def __init__(self, *, weights: Sequence[float] | None = None, **kwargs: Any) -> None:
-        super().__init__(rule=rescaled(), **kwargs)
+    def __init__(self, *, weights: Sequence[float] | None = None, by: str = "rate", max_ratio: float | None = 10.0,
+                 **kwargs: Any) -> None:
+        if by not in ("rate", "tau"):
+            raise ValueError(f"by must be 'rate' or 'tau', got {by!r}")
+        super().__init__(rule=rescaled(max_ratio), **kwargs)
         self.weights = None if weights is None else check_weights(weights, len(weights))
+        self.by, self.max_ratio = by, max_ratio
+
+    def table(self, run: Run) -> TauTable:
+        return run.taus if self.by == "rate" else run.compute_taus
 
     def target_weights(self) -> Sequence[float] | None:
         return self.weights
 
     def describe(self) -> dict:
-        return {**super().describe(), "weights": self.weights}
+        return {**super().describe(), "weights": self.weights, "by": self.by, "max_ratio": self.max_ratio}

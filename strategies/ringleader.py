@@ -11,7 +11,7 @@ from fl_rescaled.algorithm import Run
 from fl_rescaled.manager import Completion
 
 from .aggregate import average_of_means
-from .base import AsyncStrategy
+from .base import AsyncStrategy, every_worker_each_round
 
 
 @dataclass
@@ -54,8 +54,8 @@ class RingleaderASGD(AsyncStrategy):
     restart_on_current : bool (default: False)
         Follow the public simulation code instead of the paper: a worker that does not trigger an
         update restarts on the *current* server model.
-    lr, reply, fraction_evaluate, weighted_by_key, arrayrecord_key, configrecord_key, max_consecutive_rejections
-        As in ``AsyncStrategy``; each update's step is ``lr / n``.
+    **kwargs
+        The options of every strategy: as in ``AsyncStrategy``; each update's step is ``lr / n``.
     """
 
     name = "ringleader"
@@ -70,6 +70,7 @@ class RingleaderASGD(AsyncStrategy):
         return {**super().describe(), "restart_on_current": self.restart_on_current}
 
     def init_state(self, run: Run) -> RingleaderState:
+        every_worker_each_round(self, run)
         n, d, dtype = run.n, run.x.size, run.x.dtype
         return RingleaderState(np.zeros((n, d), dtype), np.zeros(n, np.int64), np.zeros((n, d), dtype),
                                np.zeros(n, np.int64))
@@ -84,7 +85,7 @@ class RingleaderASGD(AsyncStrategy):
         return int(np.count_nonzero(self.state.b) + np.count_nonzero(self.state.b_next))
 
     def on_start(self, run: Run) -> None:
-        for worker in range(run.n):
+        for worker in run.online_workers():
             run.send(worker)
 
     def _step(self, run: Run, worker: int) -> None:
@@ -130,7 +131,7 @@ class RingleaderASGD(AsyncStrategy):
         """Phase 1 is over when every online worker has a gradient in the table (wall clock: a
         worker whose node left is not waited for)."""
         st = self.state
-        if run.virtual:  # everyone is online: the running count decides (O(1))
+        if run.all_online:  # everyone is online: the running count decides (O(1))
             return st.filled == run.n
         online = run.online_workers()
         return bool(online) and bool(np.all(st.b[online] >= 1))

@@ -17,8 +17,8 @@ class VanillaASGD(ASGD):
 
     Parameters
     ----------
-    lr, reply, jobs_per_node, fraction_evaluate, weighted_by_key, arrayrecord_key, configrecord_key, max_consecutive_rejections
-        As in ``AsyncStrategy``.
+    **kwargs
+        The options of every strategy: as in ``AsyncStrategy``.
     """
 
     name = "vanilla"

@@ -30,10 +30,12 @@ class ScriptedRun:
     x: np.ndarray
     taus: Any = None  # a TauTable, or a list of τ_i (default: all 1)
     virtual: bool = True
+    all_online: bool = True
     online: set[int] | None = None
     nodes: list[int] | None = None
     version: int = 0
     seed: int = 0
+    concurrency: int | None = None  # C (default n)
     steps: list[Step] = field(default_factory=list)
     sent: list[int] = field(default_factory=list)  # the worker of every job sent, in order (resends too)
     resent: list[int] = field(default_factory=list)  # the worker of every resend
@@ -47,6 +49,8 @@ class ScriptedRun:
         if not isinstance(self.taus, TauTable):
             self.taus = TauTable(self.n, self.taus if self.taus is not None else [1.0] * self.n)
         self.online = set(range(self.n)) if self.online is None else set(self.online)
+        self.concurrency = self.n if self.concurrency is None else self.concurrency
+        self.compute_taus = self.taus
         self.nodes = list(range(100, 100 + self.n)) if self.nodes is None else list(self.nodes)
         self.models = {0: self.x.copy()}  # version -> the model of that version
         self._next_id = 0
@@ -61,8 +65,17 @@ class ScriptedRun:
     def send(self, worker: int) -> None:
         self._job(worker, self.version)
 
-    def send_next(self, after: int) -> None:
-        self.send(after)
+    def send_next(self, after: int | None) -> None:
+        """C = n: ``after`` itself, if online; C < n (or a first job): the lowest online worker with
+        no job in flight (a deterministic stand-in for the seeded draw)."""
+        if after is not None and self.concurrency == self.n:
+            if after in self.online:
+                self.send(after)
+            return
+        busy = {j.worker for j in self.inflight}
+        idle = [w for w in sorted(self.online) if w not in busy]
+        if idle:
+            self.send(idle[0])
 
     def resend(self, job: Job) -> None:
         self.resent.append(job.worker)

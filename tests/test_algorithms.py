@@ -183,7 +183,7 @@ def test_concurrent_sends_each_new_model_to_a_seeded_random_worker():
 
 def test_concurrent_starts_tau_c_workers():
     s = ConcurrentASGD(concurrency=2, seed=1)
-    run = started(s, n=5, taus=[1.0] * 5)
+    run = started(s, n=5, taus=[1.0] * 5, concurrency=2)
     assert len(run.sent) == 2 and len(set(run.sent)) == 2
 
 

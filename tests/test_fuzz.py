@@ -139,7 +139,7 @@ def build_reply(msg: Message, kind: str, seed: int, reply: str) -> Message:
         arrays[target] = encode_array(np.ascontiguousarray(bad))
     elif kind == "wrong-dtype":
         choices = [d for d in ("float16", "float32", "float64", "int32", "int64", "uint8", "bool", "complex64")
-                   if np.dtype(d) != values[target].dtype]
+                   if not np.can_cast(np.dtype(d), values[target].dtype, "safe")]  # (a safe cast is applied)
         with np.errstate(invalid="ignore", over="ignore"):  # (values beyond an integer type: any bits do)
             arrays[target] = encode_array(values[target].astype(choices[int(rng.integers(len(choices)))]))
     elif kind == "non-finite":

@@ -44,8 +44,8 @@ class FaultyGrid(InProcessGrid):
             bad = _with_update(msg, encode_array(np.array([1.0, np.inf, 0.0, 0.0])))
         elif f == "wrong-shape":
             bad = _with_update(msg, encode_array(np.ones(5)))
-        elif f == "wrong-dtype":
-            bad = _with_update(msg, encode_array(np.ones(4, dtype=np.float32)))
+        elif f == "wrong-dtype":  # (a float32 reply would be cast up to the float64 model: this one cannot)
+            bad = _with_update(msg, encode_array(np.ones(4, dtype=np.complex64)))
         elif f == "missing":
             bad = _with_update(msg, None, drop_update=True)
         elif f == "wrong-key":
@@ -152,7 +152,7 @@ def test_reasons_are_specific_and_name_what_was_expected():
         "nan": ("non-finite", "NaN or infinite values in 'model'"),
         "inf": ("non-finite", "NaN or infinite values in 'model'"),
         "wrong-shape": ("wrong-shape", "array 'model' has shape [5], expected [4]"),
-        "wrong-dtype": ("wrong-dtype", "array 'model' is float32, expected float64"),
+        "wrong-dtype": ("wrong-dtype", "array 'model' is complex64, expected float64"),
         "missing": ("malformed", "the reply has no ArrayRecord (expected one named 'arrays')"),
         "wrong-key": ("malformed", "arrays missing 'model'; unexpected 'weights' (the model's arrays are {'model': float64[4]})"),
         "not-npy": ("malformed", "array 'model' cannot be decoded"),

@@ -13,7 +13,7 @@ from fl_rescaled.experiment import RunSpec, run, run_batch
 from fl_rescaled.errors import RejectedReply
 from fl_rescaled.layout import ModelLayout, encode_array
 from fl_rescaled.manager import zero_nonfinite_replicas
-from fl_rescaled.manager.manager import read_reply
+from fl_rescaled.layout import read_reply
 
 
 def _reply(vec: np.ndarray) -> Message:

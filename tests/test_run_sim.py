@@ -50,8 +50,12 @@ def test_outputs_written(tmp_path):
     r = cli("--task", "quadratic", "--strategy", "vanilla", *TOY1_FLAGS, "--lr", "0.01", "--budget", "200",
             "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr
-    csvs, pngs = list(tmp_path.glob("*.csv")), list(tmp_path.glob("*.png"))
+    stem = "quadratic_vanilla_lr0.01_seed0"
+    csvs, pngs = list(tmp_path.glob(f"{stem}.csv")), list(tmp_path.glob(f"{stem}.png"))
     assert len(csvs) == 1 and len(pngs) == 1 and pngs[0].stat().st_size > 1000
+    extra = {p.name for p in tmp_path.glob(f"{stem}_*")}
+    assert extra == {f"{stem}_timeline.png", f"{stem}_staleness.png", f"{stem}_clients.csv"}
+    assert len((tmp_path / f"{stem}_clients.csv").read_text().splitlines()) == 1 + 2  # one row per client
     header = csvs[0].read_text().splitlines()[0].split(",")
     for col in ("time", "updates", "loss", "cumulative_stepsize", "updates_per_worker"):
         assert col in header

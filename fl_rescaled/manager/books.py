@@ -27,9 +27,13 @@ from typing import Any
 import numpy as np
 
 #: Reasons for which a job counts as lost (no usable reply came) rather than rejected: our own
-#: TTL expiry, a restarted server, and every Flower error reply (``error-code-N``: the ClientApp
+#: TTL expiry, a restarted server, a client that went offline, and every Flower error reply (``error-code-N``: the ClientApp
 #: raised (2) or crashed (8), the message (3) or the node (5) became unavailable).
-LOST_REASONS = ("lost", "ttl-expired", "resumed")
+LOST_REASONS = ("lost", "ttl-expired", "resumed", "offline")
+
+#: Evaluation rows carry per-worker lists up to this many workers (a population's would not fit:
+#: 100,000 clients × 200 evaluations); beyond, their means and extremes.
+PER_WORKER_ROWS = 1000
 
 #: What ``Books.balance`` reports per worker, in order.
 COLUMNS = ("sent", "applied", "rejected", "lost", "discarded", "in-flight")
@@ -190,21 +194,25 @@ class Books:
                 out[f"{kind}.{reason}"] = count
         for reason, count in sorted(self.stray.items()):
             out[f"stray.{reason}"] = count
-        for key in COLUMNS:
-            out[f"{key}-per-worker"] = cols[key].tolist()
+        if self.n <= PER_WORKER_ROWS:
+            for key in COLUMNS:
+                out[f"{key}-per-worker"] = cols[key].tolist()
         out["balanced"] = int(self._balanced(cols).all())
         return out
 
-    def summary(self, t: float, busy: np.ndarray) -> dict[str, Any]:
-        """The per-evaluation row of the books; ``busy``: each worker's compute time up to ``t``."""
+    def summary(self, t: float, busy: np.ndarray, per_worker: bool | None = None) -> dict[str, Any]:
+        """The per-evaluation row of the books; ``busy``: each worker's compute time up to ``t``.
+        Per-worker lists when ``per_worker`` (default: up to ``PER_WORKER_ROWS`` workers), else the
+        updates' and idle shares' means and extremes."""
         idle = np.maximum(0.0, 1.0 - busy / t) if t > 0 else np.zeros(self.n)
-        return {
-            "updates": self.version,
-            "cumulative_stepsize": self.stepsize_sum,
-            "updates_per_worker": self.updates.tolist(),
-            "rejected": self.failures(),
-            "lost_per_worker": self.count("lost").tolist(),
-            "discarded_per_worker": (self.count("cancelled") + self.count("unused")).tolist(),
-            "wasted_time": float(self.wasted.sum()),
-            "idle_share_per_worker": idle.tolist(),
-        }
+        row: dict[str, Any] = {"updates": self.version, "cumulative_stepsize": self.stepsize_sum,
+                               "rejected": self.failures(), "wasted_time": float(self.wasted.sum()),
+                               "idle_share_mean": float(idle.mean()) if self.n else 0.0}
+        if self.n <= PER_WORKER_ROWS if per_worker is None else per_worker:
+            row.update(updates_per_worker=self.updates.tolist(), lost_per_worker=self.count("lost").tolist(),
+                       discarded_per_worker=(self.count("cancelled") + self.count("unused")).tolist(),
+                       idle_share_per_worker=idle.tolist())
+        else:
+            row.update(updates_min=int(self.updates.min()), updates_max=int(self.updates.max()),
+                       workers_updated=int(np.count_nonzero(self.updates)), idle_share_min=float(idle.min()))
+        return row

@@ -12,8 +12,9 @@ from flwr.app import ArrayRecord
 from fl_rescaled.layout import all_finite
 
 #: Failure reasons that mean the node itself is gone (not just this job): Flower's
-#: MESSAGE_UNAVAILABLE (expired in transit), NODE_UNAVAILABLE, and our own TTL expiry.
-NODE_GONE = ("error-code-3", "error-code-5", "ttl-expired")
+#: MESSAGE_UNAVAILABLE (expired in transit), NODE_UNAVAILABLE, our own TTL expiry, and a client that
+#: went offline (an availability model on the virtual clock).
+NODE_GONE = ("error-code-3", "error-code-5", "ttl-expired", "offline")
 
 
 @dataclass

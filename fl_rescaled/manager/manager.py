@@ -10,11 +10,10 @@ worker, or to ``send_next`` one to whichever worker the selection seam picks, an
 - ``Transport``: jobs out as Flower Messages, replies in, matched by ``reply_to_message_id``;
 - ``Membership``: which node is which worker;
 - ``Books``: the one writer of every job's outcome;
-- a ``Selector``: who gets the next job.
+- ``Population``: who gets the next job (N workers, at most C jobs in flight).
 
-Here a reply is validated against the model layout (``reply="model"``: the trained model becomes
-the pseudo-gradient x_sent − y), and the manager's part of the run's state is read and written
-(``state``, ``resume``).
+Here a validated reply becomes an update (``reply="model"``: the pseudo-gradient x_sent − y), and
+the manager's part of the run's state is read and written (``state``, ``resume``).
 """
 
 from __future__ import annotations
@@ -29,15 +28,14 @@ from flwr.app import ArrayRecord, Message
 from fl_rescaled.clock import VirtualClock, WallClock
 from fl_rescaled.errors import RejectedReply
 from fl_rescaled.grid_api import AsyncGrid
-from fl_rescaled.layout import ModelLayout, all_finite, array_record_of, decode_array, encode_array
-from fl_rescaled.messages import JOB_TYPE, reply_metrics
+from fl_rescaled.layout import ModelLayout, all_finite, decode_array, read_reply
 from fl_rescaled.stepsizes import TauTable
 
 from .books import Books, is_lost, outcome_of
 from .jobs import NODE_GONE, Completion, Job, zero_nonfinite_replicas
 from .membership import Membership, Roster
 from .observers import ManagerObserver
-from .selection import SameWorker, Selector
+from .selection import Population, PopulationState
 from .settings import ManagerSettings
 from .transport import Transport
 from .virtual import VirtualSource
@@ -52,35 +50,21 @@ class ManagerState:
 
     books: Books
     roster: Roster
-    taus: list[float]  # τ estimates (NaN: none yet)
+    taus: list[float]  # the τ table the stepsize rules read (NaN: no estimate yet)
     active: list[bool]
     clock_now: float
-    delay_rngs: dict[int, np.random.Generator]
+    delays: dict[str, Any]  # the compute-time model's state (virtual clock: its generators)
     free_at: np.ndarray  # virtual clock: when each worker's queue empties
-    last_delivery: np.ndarray  # wall clock (this process's monotonic time: not carried over)
+    last_delivery: np.ndarray  # virtual clock with estimated periods: each worker's last delivery
     next_job_id: int
+    population: PopulationState
+    events: list[tuple[float, int, int]]  # virtual clock: clients coming back, slots to wake
+    woken: int
     jobs: list[Job]  # in flight, in push order
     models: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)  # version -> the model jobs carry
 
 
-def read_reply(reply: Message, layout: ModelLayout, *, arrayrecord_key: str = "arrays",
-                carried_required: bool = True, check_finite: bool = True):
-    """Validate a job's reply against the model layout.
-
-    Returns (flat float vector, carried non-float arrays, numeric metrics) or raises
-    ``RejectedReply`` with a reason tag and a message that names what was expected.
-    """
-    if reply.has_error():  # (before the type: Flower answers an expired job with a "system" error)
-        err = reply.error
-        raise RejectedReply(f"error-code-{err.code}", str(err.reason))
-    if reply.metadata.message_type != JOB_TYPE:
-        raise RejectedReply("wrong-type", f"a {reply.metadata.message_type!r} message answers a {JOB_TYPE!r} job")
-    if not reply.has_content():
-        raise RejectedReply("no-content", "the reply carries neither content nor an error")
-    content = reply.content
-    flat, carried = layout.flatten(array_record_of(content, arrayrecord_key), carried_required=carried_required,
-                                   check_finite=check_finite)
-    return flat, carried, reply_metrics(content)
+_LOST_DETAIL = {"ttl-expired": "no reply within the job's TTL", "offline": "its client went offline before it finished"}
 
 
 class AsyncClientManager:
@@ -95,7 +79,7 @@ class AsyncClientManager:
                  reply: str = "gradient", arrayrecord_key: str = "arrays", configrecord_key: str = "config",
                  train_config: dict[str, Any] | None = None, ttl: float = 3600.0,
                  settings: ManagerSettings | None = None, observers: list[ManagerObserver] | None = None,
-                 replicas: int = 1, selector: Selector | None = None) -> None:
+                 replicas: int = 1) -> None:
         if reply not in ("gradient", "model"):
             raise ValueError(f"reply must be 'gradient' or 'model', got {reply!r}")
         self.clock = clock
@@ -106,7 +90,7 @@ class AsyncClientManager:
         self.worker_config = settings.worker_config  # extra per-worker job config (e.g. emulated τ_i)
         self.observers: list[ManagerObserver] = list(observers or [])
         self.replicas = replicas  # batched runs: the model is this many replicas end to end
-        self.selector: Selector = selector or SameWorker(self.is_online)
+        self.tau_smoothing = settings.tau_smoothing
         self.books = Books()
         self.transport = Transport(grid, ttl=ttl, arrayrecord_key=arrayrecord_key, configrecord_key=configrecord_key)
         self.transport.on_stray = lambda reason: self.books.record_stray(reason)
@@ -115,40 +99,62 @@ class AsyncClientManager:
         self.membership.has_jobs = lambda worker: bool(self.books.in_flight[worker])
         self.membership.on_online = lambda worker, online: self.taus.set_active(worker, online)
         self.source: VirtualSource | WallSource = (
-            VirtualSource(clock, self.transport, self.observers) if clock.virtual else
+            VirtualSource(clock, self.transport, self.membership, self.observers) if clock.virtual else
             WallSource(clock, self.transport, self.membership, tau_estimator=settings.tau_estimator,
                        tau_smoothing=settings.tau_smoothing, poll_interval=settings.poll_interval))
-        self.taus = TauTable(0)
+        self.taus = self.compute_taus = TauTable(0)
+        self.population = Population(1, 1, 0, self.is_online, self._online_mask)
+        self.periods_online = ""  # virtual clock, C < N: how p_i is estimated ("average" or "ema", ``populate``)
         self._next_job_id = 0
         self._encoded: tuple[int, ArrayRecord] | None = None  # (version, encoded model)
 
     # ------------------------------------------------------------------ workers
-    @property
-    def num_workers(self) -> int:
-        return self.books.n
+    num_workers = property(lambda self: self.books.n)
+    version = property(lambda self: self.books.version)
 
-    @property
-    def version(self) -> int:
-        return self.books.version
-
-    def connect(self, num_workers: int | None = None, timeout: float = 120.0, *,
-                partition_query: bool = False, weights: list[float] | None = None) -> list[int]:
+    def connect(self, num_workers: int | None = None, timeout: float = 120.0, *, partition_query: bool = False,
+                weights: list[float] | None = None, min_nodes: int = 1) -> list[int]:
         """Wait for the nodes and number them as workers; return the node ids in worker order.
 
         ``partition_query``: number the workers by the partition each node says it holds (a node
         that does not answer fails the run with a clear message); else in node-id order.
-        ``weights``: target weights per worker, for the stepsize rules (``TauTable``).
+        ``weights``: target weights per worker, for the stepsize rules (``TauTable``). ``min_nodes``:
+        wait for at least this many nodes (FedAvg's ``min_available_nodes``).
         """
-        order = self.membership.connect(num_workers, timeout, partition_query)
+        order = self.membership.connect(num_workers, timeout, partition_query, min_nodes)
         self.books = Books.sized(len(order))
-        self.taus = self.source.tau_table(len(order), weights)
+        self.taus = self.compute_taus = self.source.tau_table(len(order), weights)
         return order
 
+    def populate(self, concurrency: int | None, seed: int, weights: list[float] | None = None) -> None:
+        """At most ``concurrency`` jobs in flight (None: one slot per worker); a freed slot's next
+        worker is drawn with ``seed``. With C < N the table the stepsize rules read (``taus``) holds
+        each worker's mean time between deliveries p_i = 1 / f_i: computed from the compute-time
+        model when it is stationary and every client always online (``delivery_periods``), else
+        estimated from the deliveries; ``compute_taus`` keeps the compute times τ_i."""
+        n = self.num_workers
+        self.population = Population(n, n if concurrency is None else concurrency, seed, self.is_online,
+                                     self._online_mask)
+        if self.population.sampled and self.source.virtual:
+            self.taus, self.periods_online = self.population.periods(self.clock, weights)
+            self.source.last_delivery = np.zeros(n)
+        elif self.source.virtual:  # every worker busy whenever online: the offline ones join when they come
+            self.source.returns(np.flatnonzero(~self._online_mask(np.arange(n))))
+
     def online_workers(self) -> list[int]:
+        if self.source.virtual and self.clock.availability is not None:
+            return np.flatnonzero(self._online_mask(np.arange(self.num_workers))).tolist()
         return self.membership.online_workers()
 
     def is_online(self, worker: int) -> bool:
+        if self.source.virtual:
+            return self.source.online(worker)
         return bool(self.membership.roster.online[worker])
+
+    def _online_mask(self, workers: np.ndarray) -> np.ndarray:
+        if self.source.virtual:
+            return self.source.online_mask(workers)
+        return self.membership.roster.online[workers]
 
     # ------------------------------------------------------------------ jobs
     def send(self, worker: int, model: np.ndarray, version: int, config: dict | None = None,
@@ -163,9 +169,28 @@ class AsyncClientManager:
 
     def send_next(self, after: int, model: np.ndarray, version: int, config: dict | None = None,
                   carried: dict[str, np.ndarray] | None = None) -> Job | None:
-        """A job on ``model`` for the worker the selector picks after ``after``'s job ended."""
-        worker = self.selector.next_worker(after)
-        return None if worker is None else self.send(worker, model, version, config, carried)
+        """A job on ``model`` for the worker the selection picks after ``after``'s job ended (None:
+        the run's first jobs). With C < N, when no idle worker is online, the slot waits: it is filled
+        when one is (``refill``)."""
+        worker = self.population.next_worker(after)
+        if worker is None:
+            if self.population.sampled and self.source.virtual:
+                self.source.park(self.population.idle_workers())
+            return None
+        return self.send(worker, model, version, config, carried)
+
+    @property
+    def waiting(self) -> bool:
+        """Workers came back (``joined``), or slots that waited for one can be filled now."""
+        return bool(self.membership.joined) or (self.source.virtual and self.source.woken > 0)
+
+    def refill(self, model: np.ndarray, version: int, config: dict | None = None,
+               carried: dict[str, np.ndarray] | None = None) -> None:
+        """Fill the slots that waited for a worker to come online (C < N)."""
+        if self.source.virtual:
+            self.source.woken = 0
+        for _ in range(self.population.take_parked()):
+            self.send_next(None, model, version, config, carried)
 
     def resend(self, job: Job, config: dict | None = None) -> Job:
         """Give ``job``'s worker another job on the model ``job`` carried (same version, not re-encoded)."""
@@ -186,6 +211,7 @@ class AsyncClientManager:
         if self.worker_config is not None:
             tag.update(self.worker_config[worker])
         job.config = {**self.train_config, **config, **tag} if config else {**self.train_config, **tag}
+        self.population.selector.busy(worker)
         self.transport.push_job(job)
         self.source.dispatched(job)
         for obs in self.observers:
@@ -203,14 +229,16 @@ class AsyncClientManager:
             return
         w = job.worker
         self.books.ended(w, "cancelled")
+        self._if_idle(w)
+        for obs in self.observers:
+            obs.job_cancelled(job, self.clock.now)
         spent = self.source.cancel(job)
         if spent is not None:
             self.books.busy_done[w] += spent
             self.books.wasted[w] += spent
 
     def cancel_all(self) -> None:
-        for job in list(self.transport.inflight.values()):
-            self.cancel(job)
+        list(map(self.cancel, list(self.transport.inflight.values())))
 
     def _cancelled_reply(self, job: Job, rep: Message) -> None:
         """The reply of a cancelled job came (wall clock): its compute time is wasted work."""
@@ -219,25 +247,22 @@ class AsyncClientManager:
             self.books.busy_done[job.worker] += spent
             self.books.wasted[job.worker] += spent
 
+    def _if_idle(self, worker: int) -> None:
+        if not self.books.in_flight[worker]:
+            self.population.selector.idle(worker)
+
     def discard(self, job: Job) -> None:
         """Book a finished job whose result the strategy does not use (e.g. an obsolete round)."""
         self.books.unused(job.worker)
         self.books.wasted[job.worker] += self.source.work(job)
 
     def record_update(self, worker: int, stepsize: float) -> None:
-        """Book one applied server update triggered by ``worker`` (k += 1)."""
+        """Book one server update triggered by ``worker`` (k += 1)."""
         self.books.record_update(worker, stepsize)
         for obs in self.observers:
             obs.update_applied(worker, stepsize, self.books.version)
 
-    def pending_jobs(self) -> list[Job]:
-        return list(self.transport.inflight.values())
-
     # ------------------------------------------------------------------ completions
-    @property
-    def joined(self) -> list[int]:
-        return self.membership.joined
-
     def pop_joined(self) -> list[int]:
         return self.membership.pop_joined()
 
@@ -256,24 +281,29 @@ class AsyncClientManager:
         w = job.worker
         if lost is not None or reply is None:
             comp.rejected = lost or "lost"
-            comp.detail = "no reply within the job's TTL" if comp.rejected == "ttl-expired" else "no reply"
-            log.warning("job %d (worker %d) lost: %s", job.job_id, w, comp.rejected)
+            comp.detail = _LOST_DETAIL.get(comp.rejected, "no reply")
+            (log.debug if comp.rejected == "offline" else log.warning)("job %d (%s) lost: %s", job.job_id,
+                                                                        self.membership.name(w), comp.rejected)
         else:
             try:
                 self._read_reply(comp, reply)
             except RejectedReply as rej:
                 comp.rejected, comp.detail = rej.reason, rej.detail
-                log.warning("%s the reply to job %d (worker %d): %s", "lost" if is_lost(rej.reason) else "rejected",
-                            job.job_id, w, rej)
+                log.warning("%s the reply to job %d (%s): %s", "lost" if is_lost(rej.reason) else "rejected",
+                            job.job_id, self.membership.name(w), rej)
         if comp.ok:
             self.books.busy_done[w] += self.source.accepted(job, comp.metrics)
             self.books.ended(w, "applied")
+            if self.periods_online:
+                self.source.delivered(w, t, self.taus, self.periods_online, self.tau_smoothing,
+                                      int(self.books.outcomes["applied"][w]))
         else:
             if self.source.virtual:
-                self.books.busy_done[w] += self.source.work(job)
+                self.books.busy_done[w] += self.source.work(job, t)
             if comp.rejected in NODE_GONE:
                 self.source.node_gone(job)
             self.books.ended(w, outcome_of(comp.rejected), comp.detail)
+        self._if_idle(w)
         for obs in self.observers:
             obs.completed(comp)
         return comp
@@ -311,17 +341,19 @@ class AsyncClientManager:
         for job in jobs:
             if job.version not in models and job.model is not None:
                 models[job.version] = {k: np.array(decode_array(a)) for k, a in job.model.items()}
-        delays = getattr(self.clock, "delays", None)
         src = self.source
+        virtual = isinstance(src, VirtualSource)
         return ManagerState(
-            books=self.books, roster=self.membership.roster, taus=list(self.taus.taus),
-            active=list(self.taus.active), clock_now=float(self.clock.now),
-            delay_rngs=dict(delays.rngs) if delays is not None else {},
-            free_at=src.free_at if isinstance(src, VirtualSource) else np.zeros(0),
-            last_delivery=src.last_delivery if isinstance(src, WallSource) else np.zeros(0),
-            next_job_id=self._next_job_id, jobs=jobs, models=models)
+            books=self.books, roster=self.membership.roster, taus=list(self.taus.taus), active=list(self.taus.active),
+            clock_now=float(self.clock.now), delays=self.clock.delays.state() if virtual else {},
+            free_at=src.free_at if virtual else np.zeros(0),
+            last_delivery=src.last_delivery if virtual else np.zeros(0),
+            next_job_id=self._next_job_id, population=self.population.state(),
+            events=list(src._events) if virtual else [], woken=src.woken if virtual else 0,  # noqa: SLF001
+            jobs=jobs, models=models)
 
-    def resume(self, state: ManagerState, weights: list[float] | None, timeout: float) -> int:
+    def resume(self, state: ManagerState, concurrency: int | None, seed: int, weights: list[float] | None,
+               timeout: float) -> int:
         """Go on from ``state`` (read from a checkpoint, on this manager's Grid and clock).
 
         Virtual clock: the jobs that were in flight are sent again, as they were (same model,
@@ -335,35 +367,34 @@ class AsyncClientManager:
             raise ValueError("the checkpoint's books, roster and τ table disagree on the number of workers")
         self.books = state.books
         self.membership.use(state.roster)
-        self.taus = self.source.tau_table(n, weights)
+        self.taus = self.compute_taus = self.source.tau_table(n, weights)
+        self.populate(concurrency, seed, weights)
+        self.population.restore(state.population)
         self._next_job_id = state.next_job_id
-        records = {v: self._record(v, arrays) for v, arrays in state.models.items()}
+        records = {v: self.layout.record_of(arrays, f"the checkpoint's model of version {v}")
+                   for v, arrays in state.models.items()}
         for job in state.jobs:
             if job.version not in records or not 0 <= job.worker < n:
                 raise ValueError(f"a job in flight (id {job.job_id}) has no model or no worker")
             job.model = records[job.version]
+        if not self.taus.fixed:  # estimates: go on from the checkpoint's
+            for worker, (tau, active) in enumerate(zip(state.taus, state.active)):
+                if tau == tau:  # (not NaN: an estimate)
+                    self.taus.update(worker, tau)
+                self.taus.set_active(worker, active)
         if isinstance(self.source, VirtualSource):
-            self.clock.advance(state.clock_now)
-            self.clock.delays.rngs = dict(state.delay_rngs)
-            if state.free_at.shape != (n,):
+            if state.free_at.shape != (n,) or (self.periods_online and state.last_delivery.shape != (n,)):
                 raise ValueError("the checkpoint's queue times do not match its workers")
+            self.clock.advance(state.clock_now)
+            self.clock.delays.restore(state.delays)
+            self.source.last_delivery = state.last_delivery
             self.source.resume(state.jobs, state.free_at)
+            self.source._events = list(state.events)  # noqa: SLF001 - (a heap already)
+            self.source.woken = state.woken
             return 0
-        for worker, (tau, active) in enumerate(zip(state.taus, state.active)):
-            if tau == tau:  # (not NaN: an estimate)
-                self.taus.update(worker, tau)
-            self.taus.set_active(worker, active)
         self.clock.restart(state.clock_now)
         for job in state.jobs:  # (not pushed again: they are lost)
             self.books.ended(job.worker, "lost.resumed", "the server restarted")
+            self._if_idle(job.worker)
         self.source.resume(timeout)
         return len(state.jobs)
-
-    def _record(self, version: int, arrays: dict[str, np.ndarray]) -> ArrayRecord:
-        """A checkpoint's model of ``version``, checked against the layout, as the jobs carried it."""
-        rec = ArrayRecord({k: encode_array(a) for k, a in arrays.items()})
-        try:
-            self.layout.flatten(rec, check_finite=False)
-        except RejectedReply as exc:
-            raise ValueError(f"the checkpoint's model of version {version} does not fit the model: {exc}") from None
-        return rec

@@ -49,34 +49,51 @@ class Membership:
         self.ttl = ttl
         self.node_refresh = node_refresh
         self.roster = Roster()
-        self.worker_of_node: dict[int, int] = {}
+        self._worker_of_node: dict[int, int] | None = {}
         self.joined: list[int] = []  # workers that (re)appeared and wait for a job
         self.has_jobs: Callable[[int], bool] = lambda worker: False  # (the books: a job in flight)
         self.on_online: Callable[[int, bool], None] = lambda worker, online: None
         self._next_refresh = 0.0
         transport.on_hello = self.hello_answered
 
+    def name(self, worker: int) -> str:
+        """One name for a client in every log line: its partition when the workers are numbered by
+        partition, else its node (workers are then the nodes in node-id order)."""
+        if self.roster.partition_query:
+            return f"partition {worker}"
+        return f"node {self.roster.node_ids[worker]}"
+
     def use(self, roster: Roster) -> None:
         """Take ``roster`` (a fresh one, or a checkpoint's) as the workers' nodes."""
         self.roster = roster
-        self.worker_of_node = {n: i for i, n in enumerate(roster.node_ids)}
+        self._worker_of_node = None  # (made when a node comes or goes: the wall clock)
+
+    @property
+    def worker_of_node(self) -> dict[int, int]:
+        if self._worker_of_node is None:
+            self._worker_of_node = {n: i for i, n in enumerate(self.roster.node_ids)}
+        return self._worker_of_node
 
     # ------------------------------------------------------------------ the start
-    def connect(self, num_workers: int | None, timeout: float, partition_query: bool) -> list[int]:
-        """Wait for the nodes; number them as workers; return the node ids in worker order."""
+    def connect(self, num_workers: int | None, timeout: float, partition_query: bool, min_nodes: int = 1) -> list[int]:
+        """Wait for the nodes (``num_workers`` of them, or at least ``min_nodes``); number them as
+        workers; return the node ids in worker order."""
         deadline = time.monotonic() + timeout
+        need = max(min_nodes, num_workers or 1)
         while True:
             nodes = sorted(int(n) for n in self.grid.get_node_ids())
-            if nodes and (num_workers is None or len(nodes) >= num_workers):
+            if len(nodes) >= need:
                 break
             if time.monotonic() > deadline:
-                raise TimeoutError(f"only {len(nodes)} of {num_workers} nodes connected within {timeout:g} s")
+                raise TimeoutError(f"only {len(nodes)} of {need} nodes connected within {timeout:g} s")
             time.sleep(0.1)
         order = self._order_by_partition(nodes, deadline) if partition_query else nodes
-        if num_workers is not None:
+        ignored: list[int] = []
+        if num_workers is not None and num_workers < len(order):
             order = order[:num_workers]
-        self.use(Roster(list(order), np.ones(len(order), bool), partition_query, sorted(set(nodes) - set(order))))
-        return order
+            ignored = sorted(set(nodes) - set(order))
+        self.use(Roster(order, np.ones(len(order), bool), partition_query, ignored))
+        return list(order)
 
     def rediscover(self, timeout: float) -> None:
         """A restarted server (wall clock): find the nodes again and give each worker its node (by
@@ -94,6 +111,8 @@ class Membership:
         self._next_refresh = 0.0
 
     def _order_by_partition(self, nodes: list[int], deadline: float) -> list[int]:
+        if self.grid.partition_order:  # (the Grid numbers its nodes in partition order: nothing to ask)
+            return sorted(nodes)
         ttl = max(1.0, deadline - time.monotonic())
         ids = list(self.grid.push_messages([hello_message(n, ttl) for n in nodes]))
         node_of = dict(zip(ids, nodes))
@@ -116,10 +135,16 @@ class Membership:
                 "this run numbers its workers by partition (per-partition taus, weights or worker "
                 f"config), but the partition query failed: {why}. Add the query to your ClientApp with "
                 "`fl_rescaled.add_partition_query(app)`, or give the settings in node-id order without it.")
-        pids = [partition[n] for n in nodes]
-        if sorted(pids) != list(range(len(nodes))):
-            raise RuntimeError(f"the nodes hold partitions {sorted(pids)}; expected 0..{len(nodes) - 1} once each")
-        return sorted(nodes, key=lambda n: partition[n])
+        return self._in_partition_order(nodes, partition)
+
+    @staticmethod
+    def _in_partition_order(nodes: list[int], partition: dict[int, int]) -> list[int]:
+        order = sorted(nodes, key=lambda n: partition[n])
+        if [partition[n] for n in order] != list(range(len(nodes))):
+            pids = sorted(partition[n] for n in nodes)
+            raise RuntimeError(f"the nodes hold partitions {pids[:20]}{'...' if len(pids) > 20 else ''}; expected "
+                               f"0..{len(nodes) - 1} once each")
+        return order
 
     # ------------------------------------------------------------------ the wall clock
     def online_workers(self) -> list[int]:
@@ -146,7 +171,7 @@ class Membership:
         for i, node in enumerate(roster.node_ids):
             if roster.online[i] and node not in current and not self.has_jobs(i):
                 self.set_online(i, False)
-                log.warning("worker %d (node %d) left", i, node)
+                log.warning("%s left", self.name(i))
             elif not roster.online[i] and node in current:
                 if not roster.partition_query:  # (no query to probe it with) listed again: back
                     self.rejoin(i, node)
@@ -194,7 +219,8 @@ class Membership:
         if not roster.online[worker] or old != node:
             self.set_online(worker, True)
             self.joined.append(worker)
-            log.warning("worker %d (re)joined on node %d", worker, node)
+            log.warning("%s (re)joined%s", self.name(worker),
+                        f" on node {node}" if self.roster.partition_query else "")
 
     def pop_joined(self) -> list[int]:
         joined, self.joined = self.joined, []

@@ -24,6 +24,9 @@ class ManagerObserver:
     def completed(self, comp: Completion) -> None:
         """A job finished: accepted (``comp.ok``) or rejected, before the strategy sees it."""
 
+    def job_cancelled(self, job: Job, t: float | None = None) -> None:
+        """The strategy cancelled ``job`` at time ``t`` (its work so far is discarded)."""
+
     def update_applied(self, worker: int, stepsize: float, version: int) -> None:
         """The strategy applied a server update (now ``version``) triggered by ``worker``."""
 

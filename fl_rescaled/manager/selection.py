@@ -9,19 +9,22 @@ decides which worker runs it, or that none can now (the slot then waits until a 
   are idle (no job in flight) and online: a population of N clients with at most C training at a
   time, as FedBuff, Papaya or FLSim run it. The worker whose job just ended is among the candidates.
 
-Selectors are built by name from ``SELECTORS`` (``selector(name, ...)``), as stepsize rules are.
-Drawing is O(1) per job whatever N: the idle workers are kept in an array with each worker's
+``Population`` holds the run's concurrency, its selector and the slots that wait. Drawing is O(1)
+per job whatever N: the idle workers are kept in an array with each worker's
 position (swap-remove), and an offline draw is redrawn (up to a few times, then the online idle
 workers are listed once).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
+
+from fl_rescaled.clock import VirtualClock
+from fl_rescaled.stepsizes import TauTable, delivery_periods
 
 Online = Callable[[int], bool]
 OnlineMask = Callable[[np.ndarray], np.ndarray]
@@ -127,5 +130,79 @@ class UniformIdle:
         self.pool.add(worker)
 
 
-#: Selector names (``--selection``): "same" is the paper's (C = N), "uniform" a population's.
-SELECTORS = ("same", "uniform")
+
+
+@dataclass
+class PopulationState:
+    """What a checkpoint keeps of the population: its concurrency, waiting slots, idle pool and draws."""
+
+    concurrency: int = 0
+    parked: int = 0
+    pool: IdlePool | None = None
+    rng: np.random.Generator | None = None
+
+
+class Population:
+    """N workers of which at most C have a job in flight: the selector and the slots that wait.
+
+    With C = N (the default) every worker is always busy and a freed slot stays with its worker
+    (``SameWorker``); with C < N a freed slot goes to a worker drawn uniformly from the idle, online
+    ones (``UniformIdle``), and when none is online the slot waits (``parked``) until one is.
+    """
+
+    def __init__(self, n: int, concurrency: int, seed: int, online: Online, online_mask: OnlineMask) -> None:
+        if not 1 <= concurrency:
+            raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+        self.n, self.concurrency = n, min(int(concurrency), n)
+        self.parked = 0
+        self.selector: SameWorker | UniformIdle = (
+            SameWorker(online) if not self.sampled else
+            UniformIdle(n, np.random.default_rng((int(seed), 0x5E1EC7)), online, online_mask))
+
+    @property
+    def sampled(self) -> bool:
+        """True when fewer workers train at a time than there are (C < N)."""
+        return self.concurrency < self.n
+
+    def next_worker(self, after: int | None) -> int | None:
+        """The worker of the next job; None (a slot waits, when sampled) if none can take it now."""
+        worker = self.selector.next_worker(after)
+        if worker is None and self.sampled:
+            self.parked += 1
+        return worker
+
+    def periods(self, clock: VirtualClock, weights: Sequence[float] | None) -> tuple[TauTable, str]:
+        """C < N on the virtual clock: the τ table the stepsize rules read (each worker's mean time
+        between deliveries, p_i = 1 / f_i) and how the manager keeps it up to date: ``average`` (the
+        time so far over the worker's deliveries, started from the mean-field value of
+        ``delivery_periods`` as one delivery's worth of evidence) or, for speeds that change during
+        the run, ``ema`` (a moving average of the intervals, as on the wall clock). The mean-field
+        value alone is exact only for many clients: with few, a slow client waits less than a fast
+        one (while it is idle, the busy ones are faster), so it is where the estimate starts."""
+        prior = delivery_periods(clock.delays.means()[: self.n], self.concurrency)
+        changing = clock.delays.describe()["kind"] in ("drift", "switch")
+        return TauTable(self.n, prior.tolist(), weights, estimated=True), "ema" if changing else "average"
+
+    def take_parked(self) -> int:
+        parked, self.parked = self.parked, 0
+        return parked
+
+    def idle_workers(self) -> np.ndarray:
+        sel = self.selector
+        return sel.pool.items[: sel.pool.size].copy() if isinstance(sel, UniformIdle) else np.zeros(0, np.int64)
+
+    def state(self) -> PopulationState:
+        sel = self.selector
+        if isinstance(sel, UniformIdle):
+            return PopulationState(self.concurrency, self.parked, sel.pool, sel.rng)
+        return PopulationState(self.concurrency, self.parked)
+
+    def restore(self, state: PopulationState) -> None:
+        if state.concurrency != self.concurrency:
+            raise ValueError(f"the checkpoint's concurrency is {state.concurrency}, this run's {self.concurrency}")
+        self.parked = state.parked
+        sel = self.selector
+        if isinstance(sel, UniformIdle):
+            if state.pool is None or state.rng is None or len(state.pool.pos) != self.n:
+                raise ValueError("the checkpoint's idle pool does not fit this run")
+            sel.pool, sel.rng = state.pool, state.rng

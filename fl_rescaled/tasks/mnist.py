@@ -152,7 +152,8 @@ class MnistTask:
             acc = float((out.argmax(1) == Yt).float().mean())
         sizes = np.array(self.partition_sizes(), np.float64)
         wts = self.weights if self.weights is not None else sizes / sizes.sum()
-        return {"loss": float(np.dot(wts, client_losses)), "accuracy": acc, "client_losses": client_losses}
+        return {"loss": float(np.dot(wts, client_losses)), "accuracy": acc, "client_losses": client_losses,
+                "worst_client_loss": max(client_losses)}
 
 
 def mlp_gradient(w, xb, yb, out=None):
