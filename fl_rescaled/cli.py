@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     for spec in specs:
         if not args.json:
             print(f"{'queued' if args.engine == 'flower' else 'running'} {spec.strategy} on {spec.task}: "
-                  f"α={spec.lr:g}, {spec.delays} τ={spec.taus}, budget={spec.budget:g}", flush=True)
+                  f"α={'the run’s default' if spec.lr is None else format(spec.lr, 'g')}, {spec.delays} τ={spec.taus}, budget={spec.budget:g}", flush=True)
     try:
         if args.engine == "flower":  # one Flower simulation (one Ray start) for all the runs
             outcomes = flower_sim.run_many_on_flower(specs)

@@ -152,7 +152,7 @@ def fmt_metrics(metrics: dict[str, Any] | None) -> str:
 class FederatedEvaluation:
     """Sends the global model to some of the nodes' ``@app.evaluate`` and aggregates their metrics.
 
-    As FedAvg: max(min_nodes, round(fraction · online nodes)) nodes, at most all of them (drawn
+    As FedAvg: max(min_nodes, ⌊fraction · online nodes⌋) nodes, at most all of them (drawn
     with the evaluation point's number as seed); none with ``fraction`` 0; their metrics aggregated
     as ``MetricWindow`` does, or by ``aggregate`` (FedAvg's ``evaluate_metrics_aggr_fn``).
     """
@@ -174,7 +174,7 @@ class FederatedEvaluation:
         """Evaluate ``arrays`` on some of ``nodes`` (the online ones); their metrics, aggregated."""
         if self.fraction <= 0 or not nodes:
             return None
-        k = min(len(nodes), max(self.min_nodes, int(round(len(nodes) * self.fraction)), 1))
+        k = min(len(nodes), max(self.min_nodes, int(len(nodes) * self.fraction), 1))
         chosen = sorted(random.Random(step).sample(nodes, k)) if k < len(nodes) else nodes
         cfg = ConfigRecord({**self.config, "server-round": step})
         msgs = [Message(RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: cfg}), n, EVALUATE_TYPE,

@@ -46,10 +46,10 @@ class AsyncStrategy(Strategy):
 
     Parameters
     ----------
-    lr : float (default: 1.0)
+    lr : float, optional (default: the method's, 1)
         The cycle stepsize α: each method scales its steps so that the stepsizes it applies per
-        τ_max time units add up to α (see the subclass). With ``reply="model"``, α = 1 moves the
-        model per τ_max about as far as one FedAvg round.
+        τ_max time units add up to α (see the subclass). Default 1, except where a method says
+        otherwise (Rescaled ASGD with model replies).
     reply : str (default: the method's, "gradient" or "model")
         What a reply's arrays are. ``"gradient"``: a stochastic gradient g (or any direction the
         server steps against: x ← x − γ g). ``"model"``: the model y the client trained from the
@@ -81,8 +81,8 @@ class AsyncStrategy(Strategy):
         drawn uniformly (seeded) from the idle, online ones: a federated population, C training at
         a time. Default: from ``fraction_train``.
     fraction_train : float (default: 1.0)
-        FedAvg's: when ``concurrency`` is not given, C = max(min_train_nodes, ⌈fraction_train · N⌉)
-        (1.0: every node trains all the time).
+        FedAvg's: when ``concurrency`` is not given, C = max(min_train_nodes, ⌊fraction_train · N⌋),
+        as FedAvg counts the nodes of a round (1.0: every node trains all the time).
     min_train_nodes : int (default: 2)
         FedAvg's: the least C that ``fraction_train`` may give.
     min_available_nodes : int (default: 1)
@@ -110,7 +110,7 @@ class AsyncStrategy(Strategy):
     def __init__(
         self,
         *,
-        lr: float = 1.0,
+        lr: float | None = None,
         reply: str | None = None,
         jobs_per_node: int = 1,
         fraction_evaluate: float = 1.0,
@@ -126,7 +126,8 @@ class AsyncStrategy(Strategy):
         train_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
         evaluate_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
     ) -> None:
-        if isinstance(lr, bool) or not (isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr)):
+        if lr is not None and (isinstance(lr, bool) or not (isinstance(lr, (int, float)) and lr > 0
+                                                            and math.isfinite(lr))):
             raise ValueError(f"the cycle stepsize lr (α) must be positive, got {lr!r}")
         reply = self.default_reply if reply is None else reply
         if reply not in REPLIES:
@@ -153,7 +154,8 @@ class AsyncStrategy(Strategy):
         if concurrency is not None and jobs_per_node != 1:
             raise ValueError("jobs_per_node applies when every worker is always busy; with concurrency, one job "
                              "per worker")
-        self.lr = float(lr)
+        self.lr = 1.0 if lr is None else float(lr)
+        self.lr_given = lr is not None  # (else the method's default, which may depend on the run)
         self.reply = reply
         self.jobs_per_node = jobs_per_node
         self.fraction_evaluate = float(fraction_evaluate)
@@ -185,11 +187,11 @@ class AsyncStrategy(Strategy):
         model ``x`` (array shapes and ranges the schema cannot say)."""
 
     def slots(self, n: int) -> int:
-        """C for a run of ``n`` workers: ``concurrency``, else max(min_train_nodes, ⌈fraction_train · n⌉),
-        at most n."""
+        """C for a run of ``n`` workers: ``concurrency``, else max(min_train_nodes, ⌊fraction_train · n⌋)
+        (FedAvg's count of a round's nodes), at most n."""
         if self.concurrency is not None:
             return min(self.concurrency, n)
-        return min(n, max(self.min_train_nodes, math.ceil(self.fraction_train * n)))
+        return min(n, max(self.min_train_nodes, int(n * self.fraction_train)))
 
     def on_start(self, run: Run) -> None:
         """Send the first jobs: ``jobs_per_node`` jobs to every worker (the methods that restart at once);
@@ -246,8 +248,14 @@ class AsyncStrategy(Strategy):
         """How many model-sized vectors the server holds besides the model (gradient memory)."""
         return 0
 
+    @property
+    def lr_per_run(self) -> bool:
+        """True when ``lr`` was not given and the method's default α depends on the run."""
+        return False
+
     def describe(self) -> dict[str, Any]:
-        out = {"strategy": self.name, **({"lr": self.lr} if self.uses_lr else {}), "reply": self.reply}
+        lr = "the run's default" if self.lr_per_run else self.lr
+        out = {"strategy": self.name, **({"lr": lr} if self.uses_lr else {}), "reply": self.reply}
         if self.concurrency is not None or self.fraction_train != 1.0:
             out.update(concurrency=self.concurrency, fraction_train=self.fraction_train)
         return out

@@ -84,11 +84,12 @@ def w_of(result) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------- layout
-# Each strategy with its defaults, and its server rule for the reference run (conftest.replay).
+# Each strategy, and its server rule for the reference run (conftest.replay). Rescaled with α = 1
+# (its default, FedAsync's pace, depends on the population; the rule replayed needs the α used).
 LAYOUT_RUNS = {
     "fedbuff": (lambda: FedBuff(buffer_size=2), fedbuff_rule(2, 0.5)),
     "fedasync": (lambda: FedAsync(), fedasync_rule(0.6, 0.5)),
-    "rescaled": (lambda: RescaledASGD(reply="model"), rescaled_rule((1.0, 2.0), 1.0)),
+    "rescaled": (lambda: RescaledASGD(reply="model", lr=1.0), rescaled_rule((1.0, 2.0), 1.0)),
 }
 
 
@@ -278,7 +279,7 @@ def test_fedavgs_metric_keywords_aggregate_as_fedavg_does_lists_included():
     result = FedAsync(fraction_evaluate=0.1, min_evaluate_nodes=2, train_metrics_aggr_fn=count("train"),
                       evaluate_metrics_aggr_fn=count("evaluate")).start(
         grid=grid, initial_arrays=initial(), train_config={"lr": 0.05}, time_budget=20.0, partition_query=True)
-    assert seen["evaluate"] == [2] * 11  # max(min_evaluate_nodes, round(0.1 · 3)) = 2 nodes, every point
+    assert seen["evaluate"] == [2] * 11  # max(min_evaluate_nodes, ⌊0.1 · 3⌋) = 2 nodes, every point
     assert seen["train"] == [6] * 10  # 3 nodes, τ = 1, 2 time units per window
     assert all(rec["replies"] == 6 for rec in result.train_metrics_clientapp.values())
 
