@@ -166,6 +166,7 @@ def run_batch(spec: RunSpec, lrs: list[float], seeds: list[int]) -> list[dict[st
             hist.append(h)
         rspec = dataclasses.replace(spec, lr=float(lr), seed=int(seed))
         out = _outcome(rspec, driver, hist, params[r], wall / R, task)
+        out["lr"] = float(lr)  # (the batch's strategy steps with α = 1; each replica scales it)
         out["cumulative_stepsize"] = driver.manager.books.stepsize_sum * lr
         if r in driver.state.frozen:
             out["rejected"] = {**out["rejected"], "non-finite": 1}

@@ -114,14 +114,10 @@ def test_fedasync_converges_and_staleness_functions():
 
 
 def test_all_strategies_table():
-    import subprocess
-    import sys
+    from conftest import run_sim
 
-    from conftest import ROOT
-
-    r = subprocess.run([sys.executable, str(ROOT / "run_sim.py"), "--strategy", "all", "--task", "quadratic",
-                        "--taus", "1,2,4", "--quad-a", "1,3,2", "--quad-b", "2,-1,5", "--lr", "0.05",
-                        "--budget", "200"], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    r = run_sim("--strategy", "all", "--task", "quadratic", "--taus", "1,2,4", "--quad-a", "1,3,2", "--quad-b",
+                "2,-1,5", "--lr", "0.05", "--budget", "200")
     assert r.returncode == 0, r.stderr
     for name in ("rescaled", "vanilla", "delay-adaptive", "malenia", "ringleader", "minibatch", "concurrent",
                  "fedasync", "fedbuff"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import quad
+from conftest import assert_books_balance, quad
 from fl_rescaled.strategies import STRATEGIES
 
 
@@ -14,10 +14,8 @@ def test_every_methods_books_balance_per_worker(strategy):
     out = quad(strategy=strategy, taus=[1, 2, 3, 5], quad_a=[1, 2, 1, 3], quad_b=[0, 2, -1, 4], lr=0.05, budget=80,
                delays="exponential", seed=2, eval_every=10)
     books = out["books"]
-    assert books["balanced"] == 1
-    for i, sent in enumerate(books["sent-per-worker"]):
-        accounted = sum(books[f"{k}-per-worker"][i] for k in ("applied", "rejected", "lost", "discarded", "in-flight"))
-        assert sent == accounted > 0
+    assert_books_balance(books, strategy)
+    assert min(books["sent-per-worker"]) > 0
     if strategy in ("rescaled", "vanilla"):  # one update per applied reply
         assert sum(books["applied-per-worker"]) == out["num_updates"]
     if strategy == "malenia":  # cancelled jobs are in the books as discarded

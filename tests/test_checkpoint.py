@@ -1,22 +1,30 @@
 """Checkpoint and resume: a run killed (SIGKILL) at a random point and resumed ends where the run that
 was never interrupted ends, bit for bit (virtual clock); a restarted wall-clock run goes on from its
-checkpoint; a corrupted or foreign checkpoint is refused with one line."""
+checkpoint; a corrupted or foreign checkpoint is refused with one line.
+
+The kill: ``run_sim.py`` runs with an observer that SIGKILLs its own process at the first event at or
+after a time drawn (per strategy, from a seed) between the first checkpoint and the budget, so the
+kill lands mid-run on any machine; the test checks that it did (exit by SIGKILL, a checkpoint
+before the budget, no final outputs) before it resumes.
+"""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import random
 import signal
 import subprocess
 import sys
-import time
+import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, run_sim
 
 QUAD = ["--task", "quadratic", "--taus", "1,2,3", "--quad-a", "1,2,1", "--quad-b", "0,3,-2", "--quad-dim", "4",
         "--noise", "0.2", "--delays", "exponential", "--lr", "0.05", "--budget", "6000", "--eval-every", "500",
@@ -26,9 +34,8 @@ MNIST = ["--task", "mnist", "--delays", "exponential", "--lr", "1", "--budget", 
 STRATEGIES = {"rescaled": [], "malenia": [], "fedbuff": ["--fedbuff-buffer-size", "3"]}
 
 
-def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "run_sim.py"), "--json", "--no-progress", *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return run_sim("--json", "--no-progress", *args)
 
 
 def final_model(out: Path) -> np.ndarray:
@@ -37,23 +44,52 @@ def final_model(out: Path) -> np.ndarray:
         return z["model"]
 
 
-def killed_then_resumed(args: list[str], folder: Path, every: str, seed: int) -> subprocess.CompletedProcess:
-    """Start the run with checkpoints, SIGKILL it at a random moment after its first checkpoint,
-    then run the same command with ``--resume``."""
-    ckpt = folder / "run.ckpt"
-    cmd = [sys.executable, str(ROOT / "run_sim.py"), "--json", "--no-progress", *args, "--out", str(folder),
-           "--checkpoint-every", every]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 300
-    while not ckpt.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    time.sleep(random.Random(seed).uniform(0.0, 0.6))
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert ckpt.exists(), "the run was killed before its first checkpoint"
-    for stale in folder.glob("*.npz"):  # (a run that finished before the kill): resume must redo the end
-        stale.unlink()
-    return cli(*args, "--out", str(folder), "--checkpoint-every", every, "--resume", str(folder))
+#: ``run_sim.py`` with an observer that SIGKILLs the process at its first event at or after
+#: ``sys.argv[1]`` (time units); the rest of the arguments are ``run_sim.py``'s.
+KILLED_AT = """
+import os, signal, sys
+from fl_rescaled import cli, experiment
+from fl_rescaled.manager import ManagerObserver
+
+at = float(sys.argv[1])
+
+
+class KillAt(ManagerObserver):
+    def handled(self, comp, x):
+        if comp.time >= at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+run = experiment.run
+experiment.run = lambda spec, *a, **k: run(spec, *a, observers=[KillAt()], **k)
+sys.exit(cli.main(sys.argv[2:]))
+"""
+
+
+def kill_time(strategy: str, every: float, budget: float) -> float:
+    """Where a run of ``strategy`` is killed: drawn from a seed of its own, between its first
+    checkpoint and the last tenth of its budget."""
+    return random.Random(zlib.crc32(strategy.encode())).uniform(every, 0.9 * budget)
+
+
+def checkpoint_time(ckpt: Path) -> float:
+    """The clock time a run checkpoint was written at (its state, read as data)."""
+    with zipfile.ZipFile(io.BytesIO(ckpt.read_bytes())) as zf:
+        return float(json.loads(zf.read("state.json"))["run"]["manager"]["clock_now"])
+
+
+def killed_then_resumed(args: list[str], folder: Path, every: float, at: float, budget: float
+                        ) -> subprocess.CompletedProcess:
+    """Run with checkpoints every ``every`` time units, SIGKILLed at its first event at or after ``at``;
+    check that the kill landed mid-run; then run the same command with ``--resume``."""
+    flags = [*args, "--out", str(folder), "--checkpoint-every", f"{every:g}"]
+    killed = subprocess.run([sys.executable, "-c", KILLED_AT, repr(at), "--json", "--no-progress", *flags],
+                            capture_output=True, text=True, cwd=ROOT)
+    assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr[-2000:])
+    # The kill landed mid-run: a checkpoint from before the kill, and none of the final outputs.
+    assert every <= checkpoint_time(folder / "run.ckpt") <= at < budget
+    assert not [p.name for p in folder.iterdir() if p.suffix in (".npz", ".csv", ".png")]
+    return cli(*flags, "--resume", str(folder))
 
 
 @pytest.mark.slow
@@ -62,7 +98,7 @@ def test_a_quadratic_run_killed_and_resumed_ends_bit_for_bit_where_it_would_have
     args = [*QUAD, "--strategy", strategy, *STRATEGIES[strategy]]
     ref = cli(*args, "--out", str(tmp_path / "ref"))
     assert ref.returncode == 0, ref.stderr
-    res = killed_then_resumed(args, tmp_path / "killed", "400", seed=len(strategy))
+    res = killed_then_resumed(args, tmp_path / "killed", 400, kill_time(strategy, 400, 6000), 6000)
     assert res.returncode == 0, res.stderr
     np.testing.assert_array_equal(final_model(tmp_path / "killed"), final_model(tmp_path / "ref"))
     a, b = json.loads(ref.stdout.splitlines()[-1]), json.loads(res.stdout.splitlines()[-1])
@@ -77,7 +113,7 @@ def test_an_mnist_run_killed_and_resumed_ends_bit_for_bit_where_it_would_have(mn
     args = [*MNIST, "--strategy", strategy, *STRATEGIES[strategy]]
     ref = cli(*args, "--out", str(tmp_path / "ref"))
     assert ref.returncode == 0, ref.stderr
-    res = killed_then_resumed(args, tmp_path / "killed", "40", seed=len(strategy) + 1)
+    res = killed_then_resumed(args, tmp_path / "killed", 40, kill_time(strategy, 40, 320), 320)
     assert res.returncode == 0, res.stderr
     np.testing.assert_array_equal(final_model(tmp_path / "killed"), final_model(tmp_path / "ref"))
 
@@ -246,16 +282,8 @@ def test_a_wall_clock_run_resumes_from_its_checkpoint_and_loses_only_the_jobs_in
             "--quad-b", "0,3,6", "--lr", "0.05", "--budget", "300", "--clock", "wall", "--emulate", "fixed",
             "--time-unit", "0.02", "--eval-every", "50"]
     folder = tmp_path / "wall"
-    proc = subprocess.Popen([sys.executable, str(ROOT / "run_sim.py"), "--json", "--no-progress", *args,
-                             "--out", str(folder), "--checkpoint-every", "60"], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while not (folder / "run.ckpt").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.3)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    res = cli(*args, "--out", str(folder), "--checkpoint-every", "60", "--resume", str(folder))
+    # Killed at its first event after 150 of its 300 time units (two checkpoints, at 60 and 120).
+    res = killed_then_resumed(args, folder, 60, 150.0, 300)
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout.splitlines()[-1])
     assert out["final_time"] == pytest.approx(300, abs=1)  # the clock went on from the checkpoint's time

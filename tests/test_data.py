@@ -7,15 +7,13 @@ import io
 import os
 import pickle
 import re
-import subprocess
-import sys
 import tracemalloc
 import zipfile
 
 import numpy as np
 import pytest
 
-from conftest import ROOT
+from conftest import run_sim
 from fl_rescaled import data as D
 from fl_rescaled.data import sources as S
 
@@ -386,8 +384,7 @@ def test_directory_in_place_of_the_cache(tmp_path, fake, downloads):
 
 def _cli(*args, cache):
     env = {**os.environ, "FL_RESCALED_CACHE": str(cache), D.OFFLINE_VAR: "1"}
-    return subprocess.run([sys.executable, str(ROOT / "run_sim.py"), *args], capture_output=True, text=True,
-                          timeout=300, cwd=ROOT, env=env)
+    return run_sim(*args, env=env)
 
 
 def test_command_line_missing_data_dir_and_no_source(tmp_path):

@@ -12,6 +12,8 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from conftest import (TOY1, fedasync_rule, fedbuff_rule, local_steps_factor, quad, replay, rescaled_rule,
+                      virtual_order)
 from fl_rescaled.manager import OnEvent
 from fl_rescaled import (
     FedAsync,
@@ -82,11 +84,18 @@ def w_of(result) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------- layout
-# (Rescaled with α = 1: the landing point holds for small steps; its default, FedAsync's pace, is
-# large enough that the iterate swings around it, by 0.2 after 60 updates here.)
-@pytest.mark.parametrize("make", [lambda: FedBuff(buffer_size=2), lambda: FedAsync(),
-                                  lambda: RescaledASGD(reply="model", lr=1.0)])
-def test_an_unchanged_fedavg_clientapp_trains_in_its_own_layout(make):
+# Each strategy, and its server rule for the reference run (conftest.replay). Rescaled with α = 1
+# (its default, FedAsync's pace, depends on the population; the rule replayed needs the α used).
+LAYOUT_RUNS = {
+    "fedbuff": (lambda: FedBuff(buffer_size=2), fedbuff_rule(2, 0.5)),
+    "fedasync": (lambda: FedAsync(), fedasync_rule(0.6, 0.5)),
+    "rescaled": (lambda: RescaledASGD(reply="model", lr=1.0), rescaled_rule((1.0, 2.0), 1.0)),
+}
+
+
+@pytest.mark.parametrize("name", list(LAYOUT_RUNS))
+def test_an_unchanged_fedavg_clientapp_trains_in_its_own_layout(name):
+    make, rule = LAYOUT_RUNS[name]
     strategy = make()
     result = strategy.start(grid=grid_of(fedavg_client()), initial_arrays=initial(),
                             train_config=ConfigRecord({"lr": 0.05}), num_updates=60)
@@ -98,11 +107,16 @@ def test_an_unchanged_fedavg_clientapp_trains_in_its_own_layout(make):
     counter = arrays["num_batches_tracked"].numpy()
     # Carried, never stepped: the latest accepted reply's counter, a whole number of local steps.
     assert counter.dtype == np.int64 and counter.shape == () and int(counter) % H == 0 and int(counter) > 0
-    # The model moved from 0 toward a point between the two clients' targets (-3 and 4).
-    w = w_of(result)
-    assert np.all(w > -3) and np.all(w < 4) and np.abs(w).min() > 0.1
-    if isinstance(strategy, RescaledASGD):  # equal curvature: the equal-weight point (4 - 3) / 2
-        assert np.abs(w - 0.5).max() < 0.2
+    # Where the model is after 60 server updates: the method's rule replayed on the same schedule
+    # (τ = 1, 2 on the virtual clock; every weight of w sees targets 4 and −3; H = 3 local steps of
+    # 0.05). The run's model is float32: every update rounds x to a float32 (|x| < 4: an error below
+    # 4 · 2^−24 ≈ 2.4e-7 each) and no update amplifies an earlier error (each is a convex
+    # combination of the model and the clients' points), so 60 updates stay within
+    # 60 · 2.4e-7 · a few ≈ 1e-4 of the exact run. A summed buffer, a lost update or another
+    # staleness weight moves the end by more than 0.01.
+    expected = replay(virtual_order((1.0, 2.0)), [TARGETS[0][0], TARGETS[1][0]], local_steps_factor(0.05, H), rule,
+                      steps=60)
+    np.testing.assert_allclose(w_of(result), expected, atol=1e-4, rtol=0)
     import torch  # noqa: F401  (Flower converts to torch only when torch is imported)
 
     assert tuple(result.arrays.to_torch_state_dict()["w"].shape) == (2, 3)
@@ -285,19 +299,25 @@ def test_default_clock_virtual_in_process_wall_on_a_threaded_grid_budget_from_fi
     assert s.last_run.virtual
     assert s.last_run.manager.books.updates.tolist() == [40, 10]  # τ = 1 and 4 from the node configs
 
+    # Start-up (Ray, a SuperLink) does not eat the budget: the clock's origin (time.monotonic() − now,
+    # read in the first event) comes after start() was called and after the first job was sent (the
+    # budget starts at the first reply). (An ordering of time stamps, not a duration.)
     clock = WallClock()
-    time.sleep(0.3)  # start-up before the first job (Ray, a SuperLink) does not eat the budget
     first = []
     s = RescaledASGD(reply="model")
-    hook = OnEvent(lambda comp, x: first.append(comp.job.dispatch_time) if not first else None)
+    hook = OnEvent(lambda comp, x: first.append((time.monotonic() - clock.now * clock.time_unit,
+                                                 comp.job.pushed_at)) if not first else None)
     grid = grid_of(fedavg_client(), threaded=True)
+    called = time.monotonic()
     try:
         s.start(grid=grid, initial_arrays=initial(), train_config={"lr": 0.05}, time_budget=0.3, clock=clock,
                 observers=[hook])
     finally:
         grid.close()
     assert not s.last_run.virtual
-    assert first and first[0] < 0.1
+    assert first, "no job completed"
+    origin, pushed = first[0]
+    assert called < pushed <= origin
     s = RescaledASGD(reply="model")
     grid = grid_of(fedavg_client(), threaded=True)
     try:
@@ -308,16 +328,17 @@ def test_default_clock_virtual_in_process_wall_on_a_threaded_grid_budget_from_fi
 
 
 # ---------------------------------------------------------------------------------------------- reply="model" fixed points
-def _quadratic(strategy: str, a, taus, **options) -> float:
-    from conftest import quad
+B = TOY1["quad_b"]  # (4, −3); the curvatures a vary below
 
-    out = quad(strategy=strategy, taus=list(taus), quad_a=list(a), quad_b=[4.0, -3.0], lr=0.02, budget=6000,
+
+def _quadratic(strategy: str, a, taus, **options) -> float:
+    out = quad(strategy=strategy, taus=list(taus), quad_a=list(a), quad_b=B, lr=0.02, budget=6000,
                options={"reply": "model", **options}, local_steps=5, local_lr=0.05, eval_every=6000)
     return out["final_params"][0]
 
 
-def _point(weights, a, b=(4.0, -3.0), eta=0.05, steps=5) -> float:
-    c = [1 - (1 - 2 * eta * ai) ** steps for ai in a]
+def _point(weights, a, b=B, eta=0.05, steps=5) -> float:
+    c = [local_steps_factor(eta, steps, ai) for ai in a]
     return sum(w * ci * bi for w, ci, bi in zip(weights, c, b)) / sum(w * ci for w, ci in zip(weights, c))
 
 
@@ -327,8 +348,16 @@ def test_rescaled_with_model_replies_lands_on_the_equal_weight_point_vanilla_and
     assert equal == pytest.approx(0.5) and freq == pytest.approx(5 / 3)
     assert _quadratic("rescaled", [1, 1], taus) == pytest.approx(equal, abs=0.02)
     assert _quadratic("vanilla", [1, 1], taus) == pytest.approx(freq, abs=0.05)
-    # FedAsync mixes fast clients' models in more often, and with less staleness discount.
-    assert _quadratic("fedasync", [1, 1], taus, mixing=0.05) > freq - 0.05
+    # FedAsync mixes fast clients' models in more often, and with less staleness discount: its rule
+    # replayed on the same schedule (6000 time units, float64 like the run: the two differ only in
+    # the order of roundings, ~1e-16 per update over 9000 updates). It lands past the frequency
+    # point, on the side of the fast client (4): 2.21 here, where the staleness weights
+    # 1 + 1/√2 (the fast client, δ = 0 and 1 per cycle) against 1/√3 (the slow one, δ = 2) put it.
+    fedasync = _quadratic("fedasync", [1, 1], taus, mixing=0.05)
+    expected = replay(virtual_order(taus, 6000), B, local_steps_factor(0.05, 5), fedasync_rule(0.05, 0.5))
+    assert fedasync == pytest.approx(expected, abs=1e-9)
+    s0, s1 = 1 + 2 ** -0.5, 3 ** -0.5
+    assert expected == pytest.approx((s0 * B[0] + s1 * B[1]) / (s0 + s1), abs=0.1) and expected > freq + 0.5
 
 
 def test_rescaled_with_model_replies_and_unequal_curvature_has_the_local_steps_drift():

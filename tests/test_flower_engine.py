@@ -9,6 +9,7 @@ experiments of this module; each test then runs its in-process twin and compares
 
 from __future__ import annotations
 
+import itertools
 from contextlib import contextmanager
 
 # (conftest.py sets the offline/quiet Flower and Ray environment before anything imports flwr)
@@ -16,6 +17,7 @@ from contextlib import contextmanager
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+from conftest import fedbuff_rule, local_steps_factor, mnist_cache_path, replay  # noqa: E402
 from fl_rescaled import experiment  # noqa: E402
 from fl_rescaled.experiment import RunSpec  # noqa: E402
 
@@ -75,11 +77,8 @@ def flower_runs(request) -> dict[str, tuple[dict, np.ndarray]]:
     from fl_rescaled.flower_sim import run_many_on_flower
 
     specs = dict(QUAD_SPECS)
-    try:
-        request.getfixturevalue("mnist_cache")
+    if mnist_cache_path() is not None:  # (without it the MNIST test fails or, if allowed, skips itself)
         specs["mnist"] = MNIST_SPEC
-    except pytest.skip.Exception:
-        pass  # the MNIST test skips itself; the quadratic ones still run
     with pytest.MonkeyPatch.context() as mp, final_models() as models:
         mp.setattr("flwr.supercore.telemetry.FLWR_TELEMETRY_ENABLED", "0")  # even if flwr was imported earlier
         outcomes = run_many_on_flower(list(specs.values()), num_cpus=2)
@@ -118,10 +117,8 @@ def test_quadratic_same_trajectory_on_flower(flower_runs, strategy):
 
 
 @pytest.mark.mnist
-def test_mnist_same_trajectory_on_flower(flower_runs, mnist_cache):
+def test_mnist_same_trajectory_on_flower(mnist_cache, flower_runs):
     del mnist_cache
-    if "mnist" not in flower_runs:
-        pytest.skip("no MNIST cache")
     ref, ref_x = in_process(MNIST_SPEC)
     out, x = flower_runs["mnist"]
     assert ref["num_updates"] >= 15
@@ -171,6 +168,7 @@ def test_a_user_app_on_flowers_engine_gets_its_context_and_run_config():
     def train(msg: Message, context: Context) -> Message:
         w = msg.content["arrays"]["w"].numpy()
         target = float(context.run_config["target"])  # from the run config, on every node
+        # One local step of lr on (w − target)²: the update w − y is 2·lr·(w − target).
         y = w - float(msg.content["config"]["lr"]) * 2 * (w - target)
         return Message(RecordDict({"arrays": ArrayRecord({"w": Array(y)}),
                                    "metrics": MetricRecord({"num-examples": 1})}), reply_to=msg)
@@ -183,7 +181,7 @@ def test_a_user_app_on_flowers_engine_gets_its_context_and_run_config():
         seen["run_config"] = dict(context.run_config)
         strategy = FedBuff(buffer_size=2, fraction_evaluate=0.0)
         result = strategy.start(grid=grid, initial_arrays=ArrayRecord({"w": Array(np.zeros(2))}),
-                                train_config={"lr": 0.25}, num_updates=int(context.run_config["updates"]))
+                                train_config={"lr": LR}, num_updates=int(context.run_config["updates"]))
         seen["result"], seen["clock"] = result, strategy.last_run.manager.clock
 
     with pytest.MonkeyPatch.context() as mp:
@@ -193,11 +191,29 @@ def test_a_user_app_on_flowers_engine_gets_its_context_and_run_config():
     result = seen["result"]
     assert result.books["updates"] == 4 and result.books["rejected"] == 0
     assert not seen["clock"].virtual  # Flower's runtimes: the wall clock by default
-    # Moved from 0 toward the target 3. On the wall clock a buffer may hold stale deltas (from models
-    # further from 3), so the iterate can pass 3 a little (3.035 in one CI run), never by 1.5: each
-    # delta is half the distance from a model sent between 0 and 3.
+    # Where FedBuff (K = 2, p = 1/2) can be after 4 server updates from 0: on the wall clock the
+    # replies come in any order, so the test computes FedBuff's end for every order of the 8
+    # completions the 4 updates take (2 workers, one job each: 2^8 orders, conftest.replay) and the
+    # run must end on one of those points (float64 throughout; 1e-12 is rounding). With lr = 0.05
+    # (each update is a tenth of the distance to 3) they lie in [0.958, 1.032]; summing the buffer
+    # instead of averaging it puts every end in [1.71, 1.78], dropping every other update in
+    # [0.45, 0.56].
     w = result.arrays["w"].numpy()
-    assert np.all(w > 1.0) and np.all(w < 4.5)
+    ends = fedbuff_ends(updates=4)
+    assert min(abs(w[0] - e) for e in ends) < 1e-12, (w, sorted(ends))
+    assert w[1] == w[0]
+
+
+LR = 0.05
+
+
+def fedbuff_ends(updates: int) -> set[float]:
+    """Every model FedBuff(buffer_size=2) can end on after ``updates`` server updates of the two
+    clients above, over all the orders in which their replies can come."""
+    rule = fedbuff_rule(2, 0.5)
+    c = local_steps_factor(LR, 1)
+    return {replay(order, [3.0, 3.0], c, rule, steps=updates)
+            for order in itertools.product((0, 1), repeat=2 * updates)}
 
 
 def test_the_clientapps_own_exception_text_reaches_run_failed_on_the_engine():

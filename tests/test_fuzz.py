@@ -8,8 +8,9 @@ serialisations, declared shapes of 10^12 elements, a 16 MB payload, an error rep
 wrong message type), plus duplicates and replies to jobs never sent, slipped in at pull time. The
 oracle is per event: a valid reply is applied; any other is rejected with a reason of its kind and
 the model is bit for bit what it was (unless that rejection set its worker aside, the third in a
-row: a round that waited for it may then close with the others' updates); the books balance at the
-end, and the run either reaches its budget or stops with ``RunFailed`` (the loud failure), never
+row: a round that waited for it may then close with the others' updates); every reply the Grid
+handed over reached the strategy exactly once, as applied or rejected (a reply dropped on the way
+would leave its job "in flight", where the books still balance); the books balance at the end, and the run either reaches its budget or stops with ``RunFailed`` (the loud failure), never
 with another exception. Four setups on the virtual clock: Rescaled ASGD on one float64 array (the hot path), Rescaled ASGD and FedBuff
 taking trained models of a float32 model with an int64 counter (BatchNorm-like), Malenia SGD on the
 layered model taking gradients (rounds, cancelled jobs); and two on the wall clock (a threaded
@@ -24,9 +25,11 @@ or a list of them. Valid replies of extreme size may instead be rejected as outl
 
 **Flags and run-config keys.** Every ``run_sim.py`` flag and every Flower run-config key gets drawn
 values (numbers of every size and sign, NaN, inf, lists, text, empty): parsing and validation
-either give a run or a ``ValueError`` that becomes exit status 2 with one line. A few dozen drawn
-command lines also run end to end (on the quadratic, small budgets) through ``cli.main``: exit 0,
-1 (run failed, one line) or 2 (one line), never a traceback.
+either give a run or a ``ValueError`` that becomes exit status 2 with one line naming the flag or
+key at fault (dropping what it names changes the answer). A few dozen drawn command lines also run
+end to end (on the quadratic, small budgets) through ``cli.main``: exit 2 (one line) exactly when
+parsing refuses them; otherwise exit 0, or 1 (one line) only for a run that diverged (non-finite
+gradients); never a traceback.
 
 How many cases the suite tries is ``FUZZ_CASES`` below (3,540; the README quotes it): the same
 cases on every run (derandomised), about two minutes on the 2-core development machine. The tests at the end
@@ -231,6 +234,7 @@ class FuzzGrid(InProcessGrid):
         self.plan, self.extras, self.reply = plan, dict(extras), reply
         self.job_of: dict[str, int] = {}
         self.injected = {"duplicate": 0, "unknown-job": 0}
+        self.answered: list[int] = []  # the job of every training reply handed over, in order
 
     def push_messages(self, messages):
         messages = list(messages)
@@ -257,6 +261,8 @@ class FuzzGrid(InProcessGrid):
         out = []
         for rep in super().pull_messages(message_ids):
             out.append(rep)
+            if rep.metadata.reply_to_message_id in self.job_of:  # (a training job's, whatever its type says)
+                self.answered.append(self.job_of[rep.metadata.reply_to_message_id])
             extra = self.extras.get(self.job_of.get(rep.metadata.reply_to_message_id, -1))
             if extra == "duplicate":
                 out.append(rep)
@@ -318,7 +324,18 @@ def fuzz_run(setup: str, plan, extras) -> list[str]:
             assert rejected in REASONS[kind], (setup, job, kind, rejected)
         if rejected is not None and before is not None and not aside:
             assert before.tobytes() == after.tobytes(), (setup, job, kind)
+    # Every reply the Grid handed over reached the strategy once: applied, or rejected with a reason
+    # (checked above). A reply dropped without a completion would be missing here.
+    # (Wall clock: a reply pulled for a job cancelled meanwhile, or after the budget ran out, is not a
+    # completion; every completion is still one reply handed over, once.)
+    handled = [job for job, *_ in events]
+    if wall:
+        assert len(set(handled)) == len(handled) and set(handled) <= set(grid.answered), (setup, handled)
+    else:
+        assert sorted(handled) == sorted(grid.answered), (setup, handled, grid.answered)
     books = s.last_run.manager.books
+    failed = sum(1 for _, rejected, *_ in events if rejected is not None)
+    assert sum(books.failures().values()) == failed, (setup, books.failures(), failed)
     assert books.stray.get("duplicate", 0) == grid.injected["duplicate"]
     assert books.stray.get("unknown-job", 0) == grid.injected["unknown-job"]
     assert all(r["balanced"] for r in books.balance())
@@ -410,15 +427,42 @@ run_configs = st.dictionaries(
     st.one_of(config_values, option_strings), max_size=6)
 
 
+def _resolve(cfg):
+    """The run a config gives, or the text of the ValueError it raises."""
+    from fl_rescaled.experiment import resolve
+
+    try:
+        return resolve(spec_from_run_config(cfg))
+    except ValueError as exc:
+        return str(exc)
+
+
+def named_keys(cfg: dict, message: str) -> list[str]:
+    """The keys of ``cfg`` that ``message`` names: as ``--key``, ``'key'`` or the word ``key`` (an
+    option inside ``strategy-options`` names that key)."""
+    import re
+
+    def names(text: str) -> bool:
+        return (f"--{text}" in message or repr(text) in message
+                or (text != "" and re.search(rf"(?<![\w-]){re.escape(text)}(?![\w-])", message) is not None))
+
+    found = [k for k in cfg if names(k)]
+    options_given = {item.split("=", 1)[0] for item in str(cfg.get(STRATEGY_OPTIONS_KEY, "")).split()} - {""}
+    return found + [STRATEGY_OPTIONS_KEY] * (STRATEGY_OPTIONS_KEY not in found and any(map(names, options_given)))
+
+
 @fuzz(CONFIG_CASES)
 @given(cfg=run_configs)
 def test_any_run_config_gives_a_run_or_one_line_naming_the_key(cfg):
-    from fl_rescaled.experiment import resolve
-    try:
-        spec = resolve(spec_from_run_config(cfg))
-    except ValueError as exc:
-        assert _one_line(str(exc)), (cfg, str(exc))
+    outcome = _resolve(cfg)
+    if isinstance(outcome, str):
+        assert _one_line(outcome), (cfg, outcome)
+        named = named_keys(cfg, outcome)
+        assert named, f"the error names none of the keys {sorted(cfg)}: {outcome}"
+        # ... and the key it names is the one at fault: without it the answer changes.
+        assert _resolve({k: v for k, v in cfg.items() if k not in named}) != outcome, (cfg, outcome)
         return
+    spec = outcome
     assert spec.budget > 0 and math.isfinite(spec.budget) and len(spec.taus) == spec.num_clients
 
 
@@ -436,22 +480,41 @@ cheap_argvs = st.tuples(
 )
 
 
+def _exit_code(fn, argv) -> tuple[int, str]:
+    """``fn(argv)``'s exit status (returned or raised) and its stderr."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = fn(argv)
+        except SystemExit as exc:
+            code = exc.code
+    return code, err.getvalue()
+
+
 @fuzz(MAIN_CASES)
 @given(case=cheap_argvs)
 def test_any_cheap_command_line_runs_or_fails_in_one_line(case):
     pairs, strategy, n = case
     argv = [*_argv(pairs), "--task", "quadratic", "--strategy", strategy, "--num-clients", str(n),
             "--budget", "30", "--eval-every", "10", "--workers", "1", "--json", "--no-progress"]
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        try:
-            code = cli.main(argv)
-        except SystemExit as exc:
-            code = exc.code
+    parsed, _ = _exit_code(lambda a: cli.parse(a) and 0, argv)
+    code, err = _exit_code(cli.main, argv)
     event(f"exit {code}")
-    assert code in (0, 1, 2), (argv, code, err.getvalue())
+    assert code in (0, 1, 2), (argv, code, err)
     if code:
-        assert _one_line(err.getvalue()), (argv, code, err.getvalue())
+        assert _one_line(err), (argv, code, err)
+    # Exit 2 exactly for the command lines parsing refuses; a command line that parses runs to its
+    # budget (exit 0) unless its run diverged (non-finite gradients) or a flag took away what the
+    # project's ClientApp reads (exit 1, the run's loud failure).
+    assert (code == 2) == (parsed == 2), (argv, code, parsed, err)
+    if code == 1:
+        assert "cannot make progress" in err, (argv, err)
+        assert "non-finite" in err or any(flag in argv and why in err for flag, why in CLIENT_NEEDS.items()), (argv, err)
+
+
+#: Flags that take away what the project's ClientApp needs, and how its replies then fail: it reads
+#: the job's config from the ConfigRecord named "config" (it raises: Flower's error code 2).
+CLIENT_NEEDS = {"--configrecord-key": "error-code-2"}
 
 
 # ================================================================================ what fuzzing found

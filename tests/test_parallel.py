@@ -3,6 +3,8 @@ number of threads and whether the jobs are computed ahead or when the loop needs
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -44,22 +46,40 @@ def test_mnist_runs_do_not_depend_on_the_threads(mnist_cache):
     assert runs[0]["num_updates"] > 50
 
 
+#: How long the first job of partition 0 holds its node open for the node's second job (pooled run).
+WINDOW = 1.0
+
+
 def test_a_user_app_gets_the_same_result_with_a_pool_and_each_node_runs_one_job_at_a_time():
+    """Two jobs per node, pushed together: with a pool of 4 threads the second could start while the
+    first runs. The first job of partition 0 holds the node open until its second job starts (or
+    ``WINDOW`` seconds pass, which it does when the node's jobs run one at a time): without the
+    per-node lock the second starts at once, on another pool thread, and the overlap is seen. (The
+    window is not a bound on anything measured: it only gives a missing lock time to show.)"""
     running: dict[int, int] = {}
     overlaps = []
+    count = threading.Lock()
+    gate = {"armed": False, "second": threading.Event()}
 
     client = ClientApp()
 
     @client.train()
     def train(msg: Message, context: Context) -> Message:
         node = context.node_id
-        running[node] = running.get(node, 0) + 1
-        overlaps.append(running[node])
-        w = msg.content["arrays"]["w"].numpy()
         pid = int(context.node_config["partition-id"])
-        rng = np.random.default_rng((pid, int(msg.content["config"]["job-seq"])))
+        seq = int(msg.content["config"]["job-seq"])
+        with count:
+            running[node] = running.get(node, 0) + 1
+            overlaps.append(running[node])
+        if gate["armed"] and pid == 0 and seq == 1:
+            gate["second"].set()
+        if gate["armed"] and pid == 0 and seq == 0:
+            gate["second"].wait(WINDOW)
+        w = msg.content["arrays"]["w"].numpy()
+        rng = np.random.default_rng((pid, seq))
         y = w - 0.1 * 2 * (w - pid - rng.normal(0, 0.1, w.shape))
-        running[node] -= 1
+        with count:
+            running[node] -= 1
         return Message(RecordDict({"arrays": ArrayRecord({"w": Array(y)}),
                                    "metrics": MetricRecord({"num-examples": 1})}), reply_to=msg)
 
@@ -74,11 +94,13 @@ def test_a_user_app_gets_the_same_result_with_a_pool_and_each_node_runs_one_job_
 
     configs = [{"tau": t} for t in (1.0, 2.0, 3.0, 1.5)]
     for workers in (1, 4):
+        gate["armed"] = workers > 1
         run_inprocess(server, client, 4, node_configs=configs, workers=workers)
     first, second = results
     np.testing.assert_array_equal(first.arrays["w"].numpy(), second.arrays["w"].numpy())
     assert dict(first.books) == {**dict(second.books), "time": first.books["time"]}
     assert max(overlaps) == 1  # two jobs of one node never ran at once
+    assert gate["second"].is_set()  # (the second job of partition 0 did run in the pooled run)
 
 
 def test_the_pool_runs_submitted_work_and_waits_for_replies():

@@ -31,13 +31,13 @@ from types import SimpleNamespace
 import pytest
 from flwr.clientapp import ClientApp
 
+from conftest import TOY1, missing
 from fl_rescaled import experiment
 from fl_rescaled.clients.client_app import app as project_client_app
 from fl_rescaled.flower_sim import backend_config, simulate
 
 RAY = Path(sys.executable).parent / "ray"
-SPEC = experiment.RunSpec(task="quadratic", strategy="rescaled", lr=0.01, budget=40.0, taus=[1.0, 2.0],
-                          quad_a=[1.0, 2.0], quad_b=[4.0, -3.0])
+SPEC = experiment.RunSpec(task="quadratic", strategy="rescaled", lr=0.01, budget=40.0, **TOY1)
 
 
 def test_joining_a_cluster_leaves_the_resources_to_its_nodes(monkeypatch):
@@ -119,7 +119,7 @@ def stop(proc: subprocess.Popen) -> None:
 @pytest.fixture(scope="module")
 def ray_cluster():
     if not RAY.exists():
-        pytest.skip(f"no ray command next to {sys.executable}")
+        missing("ray", f"no ray command next to {sys.executable}")
     temp = Path(tempfile.mkdtemp(prefix="rc", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_TMPDIR")}
     # fl_rescaled.OFFLINE_ENV sets RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (Ray on loopback, one node), under

@@ -54,10 +54,24 @@ def test_random_compute_times_need_one_seed_per_batch():
         run_batch(RunSpec(task="quadratic", budget=10), [0.1], [0])
 
 
+def test_gradient_buffers_start_on_the_promised_boundary():
+    """``aligned_empty`` and ``scratch`` (what every gradient is computed into) start on an
+    ``ALIGN``-byte boundary, and ALIGN is a whole cache line (64 bytes), as ``tasks.base`` promises."""
+    from fl_rescaled.tasks import ALIGN, aligned_empty, scratch
+
+    assert ALIGN == 64
+    for size in (1, 3, 17, 1000, 101_770):
+        for dtype in (np.float32, np.float64):
+            assert aligned_empty(size, dtype).ctypes.data % ALIGN == 0, (size, dtype)
+        assert scratch(f"alignment-test-{size}", size).ctypes.data % ALIGN == 0, size
+
+
 class MatrixProducts:
     """Records every matrix product torch runs: the calls whose BLAS kernel, and so whose summation
     order, depends on the CPU family, on the number of threads and (with several threads) on how
-    the buffers are aligned."""
+    the buffers are aligned. An operand's address is recorded modulo 16 bytes (what numpy and a
+    message's bytes guarantee), a buffer written with ``out=`` modulo ``ALIGN`` (64: what the
+    gradient buffers, ``scratch``, guarantee)."""
 
     OPS = ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear")
 
@@ -65,15 +79,20 @@ class MatrixProducts:
         import torch
         from torch.utils._python_dispatch import TorchDispatchMode
 
+        from fl_rescaled.tasks import ALIGN
+
         calls = self.calls = []
         ops = self.OPS
+
+        def where(tensors, modulo):
+            return tuple((tuple(a.shape), a.stride(), a.data_ptr() % modulo) for a in tensors
+                         if isinstance(a, torch.Tensor))
 
         class Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 name = func.overloadpacket.__name__
-                if name in ops:  # operands and out=: shape, strides, address modulo 16 bytes
-                    tensors = [a for a in [*args, *(kwargs or {}).values()] if isinstance(a, torch.Tensor)]
-                    calls.append((name, tuple((tuple(a.shape), a.stride(), a.data_ptr() % 16) for a in tensors)))
+                if name in ops:  # operands, then out=: shape, strides, address modulo 16 / ALIGN bytes
+                    calls.append((name, where(args, 16), where((kwargs or {}).values(), ALIGN)))
                 return func(*args, **(kwargs or {}))
 
         self._mode = Mode()
@@ -89,7 +108,10 @@ class MatrixProducts:
 def test_a_batched_job_issues_exactly_the_single_runs_matrix_products(mnist_cache, seeds):
     """What makes replicas bit-identical to their single runs on every CPU: each replica's gradient
     and evaluation hand the BLAS the same products (shapes, strides, alignment, order) as a single
-    run. Whatever kernel a CPU picks for a product, both paths then get the same one."""
+    run. Whatever kernel a CPU picks for a product, both paths then get the same one. (The operands
+    a product reads are compared modulo 16 bytes only: a single run's weights are the message's bytes
+    or a numpy array, 16-byte aligned, while a replica's are copied into a 64-byte ``scratch``
+    buffer; modulo 64 they differ, 16 against 0.)"""
     from fl_rescaled.tasks import get_task, job_rng, scratch
 
     base = {"task": "mnist", "seed": 0, "num-partitions": 10, "batch-size": 64}

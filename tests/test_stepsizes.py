@@ -137,7 +137,7 @@ def test_rules_compose_and_match_the_formulas():
 
 
 def test_damped_rescaled_is_a_strategy_with_its_option_everywhere():
-    from conftest import quad
+    from conftest import TOY1_EQUAL, toy1
 
     from fl_rescaled.stepsizes import TauTable, damped_rescaled
     from fl_rescaled.strategies import options
@@ -150,6 +150,6 @@ def test_damped_rescaled_is_a_strategy_with_its_option_everywhere():
     assert options.parse_options("damped-rescaled", "exponent=1") == {"exponent": 1.0}
     # The first toy (τ = 1, 2): the discount tilts Rescaled's equal-weight point −2/3 toward the
     # fast worker's minimiser 4, and more so the larger p.
-    kw = dict(task="quadratic", taus=[1, 2], quad_a=[1, 2], quad_b=[4, -3], lr=0.01, budget=3000)
-    x = [quad(strategy="damped-rescaled", options={"exponent": p}, **kw)["final_params"][0] for p in (0.0, 0.5, 1.0)]
-    assert x[0] == pytest.approx(-2 / 3, abs=0.02) and x[0] < x[1] < x[2] < 4
+    x = [toy1("damped-rescaled", options={"exponent": p}, lr=0.01, budget=3000)["final_params"][0]
+         for p in (0.0, 0.5, 1.0)]
+    assert x[0] == pytest.approx(TOY1_EQUAL, abs=0.02) and x[0] < x[1] < x[2] < 4

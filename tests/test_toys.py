@@ -1,15 +1,14 @@
 """The paper's two toy problems (experiments.md): fixed points of Rescaled, Vanilla and Delay-Adaptive."""
 
-from conftest import quad
+from conftest import TOY1_EQUAL, TOY1_FREQUENCY, quad, toy1
 
 
 def test_vanilla_is_inconsistent_rescaled_is_not():
-    # τ=(1,2), F1=(x−4)², F2=2(x+3)², α=0.01: equal-weight minimiser −2/3, frequency-weighted +1/2.
-    common = dict(taus=[1, 2], quad_a=[1, 2], quad_b=[4, -3], lr=0.01, budget=4000, eval_every=100)
-    r = quad(strategy="rescaled", **common)
-    v = quad(strategy="vanilla", **common)
-    assert abs(r["final_params"][0] - (-2 / 3)) < 0.05
-    assert abs(v["final_params"][0] - 0.5) < 0.05
+    # The first toy, α=0.01: equal-weight minimiser −2/3, frequency-weighted +1/2 (conftest.TOY1).
+    r = toy1("rescaled", lr=0.01, budget=4000, eval_every=100)
+    v = toy1("vanilla", lr=0.01, budget=4000, eval_every=100)
+    assert abs(r["final_params"][0] - TOY1_EQUAL) < 0.05
+    assert abs(v["final_params"][0] - TOY1_FREQUENCY) < 0.05
     # Each converged: the last evaluations barely move.
     for out in (r, v):
         xs = [h["dist"] for h in out["history"][-10:]]
