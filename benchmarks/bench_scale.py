@@ -92,31 +92,60 @@ def floor(updates: int) -> float:
 
 
 STACK = """
+import time
+t0 = time.perf_counter()
 import json, resource, sys
 import fl_rescaled
 from fl_rescaled.experiment import RunSpec, run
-n, budget = int(sys.argv[1]), float(sys.argv[2])
+imported = time.perf_counter() - t0
+n, budget, c = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
 spec = RunSpec(task="quadratic", strategy="rescaled", lr=0.01, taus=[float(1 + i % 7) for i in range(n)],
-               budget=budget, eval_every=budget, seed=0, workers=1)
+               budget=budget, eval_every=budget, seed=0, workers=1, options={"concurrency": c} if c else {})
+t1 = time.perf_counter()
 out = run(spec)
-print(json.dumps({"updates": out["num_updates"], "wall": out["wall_seconds"],
+total = time.perf_counter() - t1
+loop = out["loop_seconds"]
+print(json.dumps({"updates": out["num_updates"], "wall": loop, "imports": imported, "setup": total - loop,
                   "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 
 
-def stack(n: int, updates: int) -> dict:
-    res = subprocess.run([sys.executable, "-c", STACK, str(n), repr(budget_for(n, updates))], cwd=ROOT,
+def stack(n: int, updates: int, concurrency: int = 0) -> dict:
+    """One run in a fresh process: the loop's updates per second, the import and set-up seconds (to the
+    first job) and the peak resident memory."""
+    c = concurrency or n
+    budget = updates / (c * float(np.mean([1.0 / t for t in taus_of(n)])))
+    res = subprocess.run([sys.executable, "-c", STACK, str(n), repr(budget), str(concurrency)], cwd=ROOT,
                          capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     out = json.loads(res.stdout.strip().splitlines()[-1])
     out["rate"] = out["updates"] / out["wall"]
     return out
 
 
+def population(updates: int) -> None:
+    """Issue 19's targets: 100,000 clients with C = 1,000 in flight against 10 clients (all busy) and
+    against 1,000 clients with the same C, each in a fresh process."""
+    rows = [(10, 0), (1000, 1000), (100_000, 1000)]
+    print(f"{'clients':>8} {'C':>6} {'updates':>8} {'upd/s':>8} {'vs 10':>6} {'imports s':>9} {'setup s':>8} "
+          f"{'peak MB':>8} {'vs 1,000':>8}")
+    runs = {}
+    for n, c in rows:
+        runs[n] = r = stack(n, updates, c)
+        print(f"{n:>8} {c or n:>6} {r['updates']:>8} {r['rate']:>8,.0f} {r['rate'] / runs[10]['rate']:>6.2f} "
+              f"{r['imports']:>9.2f} {r['setup']:>8.2f} {r['maxrss_mb']:>8.0f} "
+              f"{r['maxrss_mb'] / runs[1000]['maxrss_mb'] if 1000 in runs else float('nan'):>8.2f}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clients", default="10,100,1000,10000")
     ap.add_argument("--updates", type=int, default=75000)
+    ap.add_argument("--population", action="store_true",
+                    help="100,000 clients with 1,000 in flight against 10 and 1,000 clients (issue 19)")
     args = ap.parse_args()
+    if args.population:
+        population(args.updates)
+        return
     sizes = [int(c) for c in args.clients.split(",")]
     fl = floor(min(args.updates, 20000))
     print(f"Flower floor (constructors and accessors only): {fl:,.0f} updates/s")

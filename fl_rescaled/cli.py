@@ -23,6 +23,7 @@ from typing import Any
 from . import experiment, flower_sim, paper
 from .checkpoints import CheckpointError
 from .data import DataUnavailable
+from .data.partition import PartitionError
 from .errors import RunFailed, one_line
 from .manager import ManagerSettings
 from .runspec import RunSpec, manager_settings, run_settings
@@ -142,6 +143,13 @@ def print_table(outcomes: list[dict[str, Any]]) -> None:
         print(f"  equal-weight minimiser x* = {outcomes[0]['minimizer']:.6g}")
 
 
+def _taus_text(taus: list[float] | None) -> str:
+    """The clients' τ for the log line: every value for a few clients, else their count and range."""
+    if taus is None or len(taus) <= 12:
+        return f"τ={taus}"
+    return f"τ from {min(taus):g} to {max(taus):g} ({len(taus):,} clients)"
+
+
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[RunSpec]]:
     """The flags and the runs they ask for; a bad flag or value writes one line to stderr and
     raises ``SystemExit(2)``."""
@@ -168,19 +176,20 @@ def main(argv: list[str] | None = None) -> int:
     for spec in specs:
         if not args.json:
             print(f"{'queued' if args.engine == 'flower' else 'running'} {spec.strategy} on {spec.task}: "
-                  f"α={spec.lr:g}, {spec.delays} τ={spec.taus}, budget={spec.budget:g}", flush=True)
+                  f"α={'the run’s default' if spec.lr is None else format(spec.lr, 'g')}, {spec.delays} "
+                  f"{_taus_text(spec.taus)}, budget={spec.budget:g}", flush=True)
     try:
         if args.engine == "flower":  # one Flower simulation (one Ray start) for all the runs
             outcomes = flower_sim.run_many_on_flower(specs)
         else:
             outcomes = [experiment.run(spec) for spec in specs]
     except (RunFailed, flower_sim.FlowerRunError) as exc:
-        if isinstance(exc.__cause__, DataUnavailable):  # (on Flower's engine the ServerApp raised it)
+        if isinstance(exc.__cause__, (DataUnavailable, PartitionError)):  # (on Flower's engine: the ServerApp's)
             sys.stderr.write(f"run_sim.py: error: {one_line(exc.__cause__)}\n")
             return 2
         sys.stderr.write(f"run_sim.py: run failed: {one_line(exc)}\n")
         return 1
-    except (CheckpointError, DataUnavailable) as exc:
+    except (CheckpointError, DataUnavailable, PartitionError) as exc:
         sys.stderr.write(f"run_sim.py: error: {one_line(exc)}\n")
         return 2
     if outcomes and outcomes[0].get("data_source") and not args.json:

@@ -100,7 +100,8 @@ class VirtualClock:
 
 
 class WallClock:
-    """Real elapsed time since construction (seconds, scaled by ``time_unit``)."""
+    """Real elapsed time since construction or ``restart`` (seconds, scaled by ``time_unit``);
+    while ``held`` it reads 0 (a run's budget starts when the first node is ready)."""
 
     virtual = False
     availability = None  # (nodes come and go by themselves)
@@ -109,26 +110,36 @@ class WallClock:
         if not time_unit > 0 or not math.isfinite(time_unit):
             raise ValueError("time_unit must be positive")
         self.time_unit = time_unit
-        self._t0 = time.monotonic()
+        self._t0: float | None = time.monotonic()
 
     @property
     def now(self) -> float:
-        return (time.monotonic() - self._t0) / self.time_unit
+        return 0.0 if self._t0 is None else (time.monotonic() - self._t0) / self.time_unit
+
+    @property
+    def held(self) -> bool:
+        return self._t0 is None
+
+    def hold(self) -> None:
+        """Read 0 until ``restart``: a run's budget does not count start-up (Ray's, a SuperLink's)."""
+        self._t0 = None
 
     def restart(self, at: float = 0.0) -> None:
-        """Count time from now, starting at ``at`` time units (a run's budget starts at its first
-        job, not at start-up; a resumed run goes on from its checkpoint's time)."""
+        """Count time from now, starting at ``at`` time units (a run's budget starts when its first
+        node is ready: its first reply; a resumed run goes on from its checkpoint's time)."""
         self._t0 = time.monotonic() - at * self.time_unit
 
     def advance(self, t: float) -> None:  # wall time advances by itself
         del t
 
 
-def default_clock(grid: AsyncGrid, taus: list[float] | None, num_workers: int | None, partition_query: bool) -> Clock:
+def default_clock(grid: AsyncGrid, taus: list[float] | None, num_workers: int | None, partition_query: bool,
+                  uses_tau: bool = True) -> Clock:
     """A virtual clock on a Grid with virtual time (in-process), else (Flower's runtimes) the wall clock.
 
     The virtual clock's τ_i: ``taus`` (per partition), else each node's ``tau`` node-config key (1 if
-    unset), in worker order.
+    unset), in worker order. For a strategy whose steps follow τ (``uses_tau``), one warning when
+    every τ is the same.
     """
     if grid.virtual_time:
         if taus is None:
@@ -138,10 +149,19 @@ def default_clock(grid: AsyncGrid, taus: list[float] | None, num_workers: int | 
             taus = [float(grid.node_config(n).get("tau", 1.0)) for n in nodes]
             if num_workers is not None:
                 taus = taus[:num_workers]
-            if len(set(taus)) == 1 and len(taus) > 1:
+            if uses_tau and len(set(taus)) == 1 and len(taus) > 1:
                 log.warning("every node's compute time τ is %g (set 'tau' in the node configs or pass "
                             "taus): time-proportional stepsizes change nothing", taus[0])
         return VirtualClock(DelayModel(taus, "fixed"))
     if taus is not None:
         raise ValueError("taus define a virtual clock; this Grid runs on the wall clock (pass clock=...)")
     return WallClock()
+
+
+def time_unit(clock: Clock) -> str:
+    """How a time of ``clock`` reads in a log line: " units" (virtual), " s" (the wall clock in
+    seconds) or " × 0.02 s" (the wall clock in units of ``time_unit`` seconds)."""
+    if clock.virtual:
+        return " units"
+    unit = getattr(clock, "time_unit", 1.0)
+    return " s" if unit == 1.0 else f" × {unit:g} s"

@@ -24,16 +24,16 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 
 from .checkpoints import CheckpointError
-from .clock import Clock, default_clock
+from .clock import Clock, default_clock, time_unit
 from .errors import RunFailed, client_error_text
 from .grid_api import as_async_grid
 from .layout import ModelLayout
 from .manager import NODE_GONE, AsyncClientManager, Completion, Job, ManagerObserver, ManagerSettings
 from .metrics import ProgressBar
-from .reporting import AsyncResult, EvaluateFn, Evaluations, FederatedEvaluation, MetricWindow
+from .reporting import AsyncResult, EvaluateFn, Evaluations, FederatedEvaluation, MetricWindow, report_result
 from .runstate import Checkpointing, EvalSchedule, RunState, budgets, load, save
 from .stepsizes import TauTable
 
@@ -65,7 +65,8 @@ class RunAPI:
 
     @property
     def all_online(self) -> bool:
-        return self.manager.source.virtual and self.manager.clock.availability is None
+        manager = self.manager  # (virtual clock, no availability model, no worker set aside)
+        return manager.source.virtual and manager.clock.availability is None and manager.taus.n_active == self.n
 
     @property
     def concurrency(self) -> int:
@@ -125,7 +126,12 @@ class RunAPI:
         return self.manager.model_of(job)
 
     def job_config(self) -> dict | None:
-        return self.config
+        """The strategy's per-job config (``configure_job``), when it has one."""
+        if not self.configures_jobs:
+            return None
+        cfg = self.strategy.configure_job(ConfigRecord(self.manager.train_config), updates=self.version,
+                                          time=float(self.manager.clock.now))
+        return dict(cfg.items())
 
 
 class FailureCheck:
@@ -198,10 +204,10 @@ class Driver(RunAPI):
             schedule = EvalSchedule(self.budget / num_evaluations, None)
         else:
             schedule = EvalSchedule(math.inf, max(1, math.ceil(self.max_updates / num_evaluations)))
-        self.state = RunState(x=x, carried=carried, schedule=schedule, window=MetricWindow(strategy.weighted_by_key),
-                              replica_lrs=lrs)
+        window = MetricWindow(strategy.weighted_by_key, kept=None if strategy.train_metrics_aggr_fn is None else [])
+        self.state = RunState(x=x, carried=carried, schedule=schedule, window=window, replica_lrs=lrs)
         self._scratch = np.empty(0, x.dtype)  # (sized at the first step)
-        self.config = strategy.job_config()
+        self.configures_jobs = strategy.configures_jobs
         self.plan = None if checkpoint is None else checkpoint.covering(strategy, self.layout, self.budget,
                                                                          self.max_updates)
         per_partition = taus is not None or strategy.target_weights() is not None or settings.worker_config is not None
@@ -210,7 +216,7 @@ class Driver(RunAPI):
         elif per_partition and not partition_query:
             raise ValueError("per-partition settings (taus, weights, worker_config) need partition_query=True")
         if clock is None:
-            clock = default_clock(self.grid, taus, num_workers, partition_query)
+            clock = default_clock(self.grid, taus, num_workers, partition_query, strategy.uses_tau)
         elif taus is not None:
             raise ValueError("give either clock or taus, not both")
         if clock.virtual and num_workers is None:
@@ -220,13 +226,15 @@ class Driver(RunAPI):
         self.manager = AsyncClientManager(
             self.grid, clock, layout=self.layout, reply=strategy.reply, arrayrecord_key=strategy.arrayrecord_key,
             configrecord_key=strategy.configrecord_key, train_config=cfg, ttl=timeout, observers=observers,
-            replicas=1 if lrs is None else lrs.size, settings=settings)
+            replicas=1 if lrs is None else lrs.size, settings=settings, bound=strategy.update_bound())
         fed = FederatedEvaluation(self.grid, evaluate_config, timeout, fraction=strategy.fraction_evaluate,
-                                  weighted_by_key=strategy.weighted_by_key, arrayrecord_key=strategy.arrayrecord_key,
-                                  configrecord_key=strategy.configrecord_key)
+                                  min_nodes=strategy.min_evaluate_nodes, weighted_by_key=strategy.weighted_by_key,
+                                  arrayrecord_key=strategy.arrayrecord_key, configrecord_key=strategy.configrecord_key,
+                                  aggregate=strategy.evaluate_metrics_aggr_fn)
         bar = ProgressBar(self.budget if self.by_time else float(self.max_updates), enabled=progress,
                           label=strategy.name)
-        self.evaluations = Evaluations(self.grid, evaluate_fn, fed, bar)
+        self.evaluations = Evaluations(self.grid, evaluate_fn, fed, bar, train_aggregate=strategy.train_metrics_aggr_fn,
+                                       on_evaluation=strategy.on_evaluation, unit=time_unit(clock))
         self.check = FailureCheck(1)
         self.next_checkpoint = math.inf
         self.wall_seconds = 0.0
@@ -249,11 +257,12 @@ class Driver(RunAPI):
             state.answered = np.zeros(manager.num_workers, bool)
             state.algorithm = strategy.state = strategy.init_state(self)
             if not manager.source.virtual:
-                manager.clock.restart()  # the wall-clock budget counts from the first job sent
+                manager.clock.hold()  # the wall-clock budget counts from the first reply: a node is ready
             self._plan_checkpoints()
             wall0 = time.perf_counter()
             strategy.on_start(self)
         self.check = FailureCheck(strategy.max_consecutive_rejections or max(20, 2 * manager.num_workers))
+        state = self.state  # (resumed: the state read from the checkpoint)
         self._loop()
         self.evaluations.bar.close()
         self.wall_seconds = time.perf_counter() - wall0
@@ -261,13 +270,15 @@ class Driver(RunAPI):
         result.arrays = self.layout.to_record(state.x, state.carried)
         for target, metrics in ((result.train_metrics_clientapp, state.train_metrics),
                                 (result.evaluate_metrics_clientapp, state.client_metrics),
-                                (result.evaluate_metrics_serverapp, state.server_metrics)):
+                                (result.evaluate_metrics_serverapp, state.server_metrics),
+                                (result.progress, state.progress)):
             target.update({step: MetricRecord(values) for step, values in metrics.items()})
         result.books = MetricRecord(manager.books_totals())
         try:
             manager.books.check_balance()  # every job sent is accounted for, per worker
         except AssertionError as exc:
             raise RunFailed(str(exc), manager.books_totals()) from None
+        report_result(result)
         return result
 
     def _loop(self) -> None:
@@ -327,9 +338,10 @@ class Driver(RunAPI):
 
     def evaluate(self, t: float) -> None:
         manager, state = self.manager, self.state
-        online = [manager.membership.roster.node_ids[w] for w in manager.online_workers()]
+        ids = manager.membership.roster.node_ids
         self.evaluations.point(state, t, manager.summary(t), lambda: self.layout.to_record(state.x, state.carried),
-                               online, self.strategy.stored_vectors(), self.by_time)
+                               lambda: [ids[w] for w in manager.online_workers()], self.strategy.stored_vectors(),
+                               self.by_time)
 
     # ---------------------------------------------------------------- checkpoints
     def _plan_checkpoints(self) -> None:

@@ -35,19 +35,34 @@ def one_line(text: str, limit: int = 2000) -> str:
     return out if len(out) <= limit else out[: limit - 1] + "…"
 
 
+#: Exceptions that only wrap the ClientApp's own (Flower's and Ray's), skipped when the reason has it.
+_WRAPPERS = ("ClientAppException", "RayTaskError", "RayActorError")
+_EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)\w*)(?:\(.*\))?(?::\s*(.*))?$")
+
+
 def client_error_text(reason: str, limit: int = 400) -> str:
     """The useful part of an error reply's reason: the ClientApp's own exception, one line.
 
-    Flower's runtimes wrap it differently (``<class 'RuntimeError'>:<'boom'>`` in a deployment, a Ray
-    traceback with colour codes on the Simulation Engine); this keeps the last ``Error: message``
-    line of a traceback, or the wrapped message, without colour codes.
+    Flower's runtimes wrap it differently: ``<class 'RuntimeError'>:<'boom'>`` in a deployment; on
+    the Simulation Engine a Ray traceback with colour codes, in which the ClientApp's exception
+    (``KeyError: 'lr'``) comes first and Flower's ``ClientAppException:`` wrapper last, its message
+    on the next line. This keeps the ClientApp's own ``Name: message`` line, without colour codes.
     """
     text = _ANSI.sub("", str(reason)).strip()
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    for ln in reversed(lines):
-        if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b.*:", ln) or re.match(r"^[A-Za-z_][\w.]*Error$", ln):
-            text = ln
-            break
+    own = None
+    for i, ln in enumerate(lines):
+        m = _EXC_LINE.match(ln)
+        if m is None:
+            continue
+        name, message = m.group(1), (m.group(2) or "").strip()
+        if name.rsplit(".", 1)[-1] in _WRAPPERS:
+            if own is None and not message and i + 1 < len(lines):  # (only the wrapper: its next line)
+                own = lines[i + 1]
+            continue
+        own = f"{name.rsplit('.', 1)[-1]}: {message}" if message else name.rsplit(".", 1)[-1]
+    if own is not None:
+        text = own
     else:
         m = re.match(r"^<class '([^']+)'>:<'(.*)'>$", text, re.S)
         if m:

@@ -58,7 +58,7 @@ def resolve(spec: RunSpec) -> RunSpec:
     """``spec.resolved()``, with the strategy's own checks of its options (a bad one fails here)."""
     s = spec.resolved()
     strategy = make_strategy(s)
-    if s.lr is None:
+    if s.lr is None and not strategy.lr_per_run:  # (else α is the run's: see the outcome's "lr")
         s.lr = strategy.lr
     concurrency = getattr(strategy, "concurrency", None)
     if concurrency is not None and concurrency > s.num_clients:
@@ -110,10 +110,10 @@ def run(spec: RunSpec, grid: Grid | None = None, *, clock: Clock | None = None,
     out["staleness"] = timeline.staleness()
     if spec.out:
         odir = Path(spec.out)
-        stem = f"{spec.task}_{spec.strategy}_lr{spec.lr:g}_seed{spec.seed}"
+        stem = f"{spec.task}_{spec.strategy}_lr{out['lr']:g}_seed{spec.seed}"
         out["csv"] = str(write_history_csv(odir / f"{stem}.csv", driver.state.history))
         out["checkpoint"] = str(save_checkpoint(odir / stem, params, out)[0])
-        out["png"] = str(plot_curves(odir / f"{stem}.png", {f"{spec.strategy} α={spec.lr:g}": driver.state.history},
+        out["png"] = str(plot_curves(odir / f"{stem}.png", {f"{spec.strategy} α={out['lr']:g}": driver.state.history},
                                      logy=spec.task == "mnist"))
         t_end, books = out["final_time"], driver.manager.books
         out.update(write_run_figures(odir, stem, timeline, books, t_end=t_end, title=stem,
@@ -291,7 +291,7 @@ def _outcome(spec: RunSpec, driver, history: list[dict[str, Any]], params: np.nd
     out: dict[str, Any] = {
         "strategy": spec.strategy,
         "task": spec.task,
-        "lr": spec.lr if spec.lr is not None else driver.strategy.lr,
+        "lr": float(getattr(driver.strategy.state, "alpha", driver.strategy.lr)),
         "budget": spec.budget,
         "seed": spec.seed,
         "delays": spec.delays,
@@ -315,6 +315,7 @@ def _outcome(spec: RunSpec, driver, history: list[dict[str, Any]], params: np.nd
         "stored_vectors_max": max(h["stored_vectors"] for h in history),
         "books": manager.books_totals(),
         "wall_seconds": wall,
+        "loop_seconds": driver.wall_seconds,
         "tau_stats": tau_stats(spec.taus),
     }
     if "accuracy" in final:

@@ -37,11 +37,13 @@ from typing import Any, TypeVar
 from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import Result
 from flwr.supercore.run import Run
 
 from .clients.client_app import app as project_client_app
 from .experiment import RunSpec, resolve, run
 from .inprocess import app_run_config
+from .reporting import captured_results
 
 log = logging.getLogger("fl_rescaled")
 T = TypeVar("T")
@@ -225,15 +227,17 @@ def simulate(
 
 def run_on_flower_engine(server_app: ServerApp, client_app: ClientApp, num_supernodes: int, *,
                          run_config: dict[str, Any] | None = None, app_dir: str | None = None,
-                         num_cpus: int = 2, verbose: bool = False, ray_address: str | None = None) -> Context:
+                         num_cpus: int = 2, verbose: bool = False, ray_address: str | None = None) -> Result | None:
     """Run a user's ServerApp / ClientApp pair on Flower's Simulation Engine with ``run_config``
-    (with ``app_dir``: overrides of the app's ``[tool.flwr.app.config]``); returns the ServerApp's
-    Context (``ray_address``: as ``simulate``'s). The counterpart of ``fl_rescaled.run_inprocess``."""
+    (with ``app_dir``: overrides of the app's ``[tool.flwr.app.config]``); returns, as
+    ``fl_rescaled.run_inprocess`` does, the ``Result`` of the last asynchronous strategy the ServerApp
+    ran (None if none). ``ray_address``: as ``simulate``'s."""
     config = app_run_config(app_dir, run_config) if app_dir is not None else dict(run_config or {})
 
-    def main(grid: Grid, context: Context) -> Context:
-        server_app(grid, context)
-        return context
+    def main(grid: Grid, context: Context) -> Result | None:
+        with captured_results() as results:
+            server_app(grid, context)
+        return results[-1] if results else None
 
     return simulate(main, num_supernodes=num_supernodes, client_app=client_app, run_config=config,
                     num_cpus=num_cpus, verbose=verbose, ray_address=ray_address)

@@ -94,15 +94,25 @@ def tune_allocator() -> bool:
     return ok
 
 
+#: Above this many nodes, a node's Context is kept between messages only if its ClientApp changed it.
+KEEP_ALL_CONTEXTS = 4096
+
+
 def node_ids(n: int, seed: int, ordered: bool = False) -> list[int]:
     """``n`` distinct node ids in [2^20, 2^62) drawn with ``seed`` (ascending when ``ordered``)."""
     rng = np.random.default_rng((seed, 0x9E1D))
-    ids = np.unique(rng.integers(1 << 20, 1 << 62, size=n + 16))
+    ids = _distinct(rng.integers(1 << 20, 1 << 62, size=n + 16))
     while ids.size < n:  # (collisions are rare: 1 in 10^9 for a million ids)
-        ids = np.unique(np.concatenate([ids, rng.integers(1 << 20, 1 << 62, size=n)]))
+        ids = _distinct(np.concatenate([ids, rng.integers(1 << 20, 1 << 62, size=n)]))
     ids = ids[ids != SUPERLINK_NODE_ID]
     chosen = ids[rng.permutation(ids.size)[:n]]
-    return sorted(int(i) for i in chosen) if ordered else [int(i) for i in chosen]
+    return (np.sort(chosen) if ordered else chosen).tolist()
+
+
+def _distinct(ids: np.ndarray) -> np.ndarray:
+    """The sorted distinct values (``np.unique``'s result; a sort is faster than its hash for ids)."""
+    ids = np.sort(ids)
+    return ids[np.concatenate(([True], ids[1:] != ids[:-1]))] if ids.size else ids
 
 
 def set_server_identity(run_id: int) -> None:
@@ -146,7 +156,9 @@ class InProcessGrid(Grid):
         self._sorted_ids = ids[self._by_id]
         self._node_configs = node_configs
         self._run_config = dict(run_config or {})
-        self.contexts: dict[int, Context] = {}  # made on a node's first message (a population is large)
+        #: made on a node's first message; with more than KEEP_ALL_CONTEXTS nodes, a context the ClientApp
+        #: left as it was made is dropped after its message (remade alike on the next)
+        self.contexts: dict[int, Context] = {}
         self._pending: dict[str, Message] = {}
         self._next_id = 0
         self.messages_pushed = 0
@@ -164,19 +176,23 @@ class InProcessGrid(Grid):
         self._torch_threads: int | None = None  # the caller's torch intra-op threads, mirrored in the pool
         self._local = threading.local()
 
-    def context(self, node_id: int) -> Context:
+    def context(self, node_id: int, partition: int | None = None) -> Context:
         """The node's ``Context`` (made on first use, as a SuperNode makes it when it starts)."""
         ctx = self.contexts.get(node_id)
         if ctx is None:
-            i = self._partition(node_id)
+            i = self._partition(node_id) if partition is None else partition
             if i is None:
                 raise KeyError(node_id)
-            cfg = {"partition-id": i, "num-partitions": len(self.node_ids)}
-            if self._node_configs is not None:
-                cfg.update(self._node_configs[i])
-            ctx = self.contexts[node_id] = Context(run_id=self._run.run_id, node_id=node_id, node_config=cfg,
-                                                   state=RecordDict(), run_config=dict(self._run_config))
+            ctx = self.contexts[node_id] = Context(run_id=self._run.run_id, node_id=node_id,
+                                                   node_config=self._fresh_config(i), state=RecordDict(),
+                                                   run_config=dict(self._run_config))
         return ctx
+
+    def _fresh_config(self, i: int | None) -> dict[str, Any]:
+        cfg: dict[str, Any] = {"partition-id": i, "num-partitions": len(self.node_ids)}
+        if self._node_configs is not None and i is not None:
+            cfg.update(self._node_configs[i])
+        return cfg
 
     def _partition(self, node_id: int) -> int | None:
         """The partition of node ``node_id`` (None: not a node of this Grid)."""
@@ -309,7 +325,8 @@ class InProcessGrid(Grid):
     # -- execution
     def _execute(self, msg: Message) -> Message:
         nid = msg.metadata.dst_node_id
-        ctx = self.context(nid)
+        partition = self._partition(nid)
+        ctx = self.context(nid, partition)
         if nid in self.offline:
             reply = Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason="node unavailable"), reply_to=msg)
             set_message_id(reply, f"r{msg.metadata.message_id}")
@@ -321,5 +338,14 @@ class InProcessGrid(Grid):
                 Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(exc)}:<'{exc}'>"),
                 reply_to=msg,
             )
+        if len(self.node_ids) > KEEP_ALL_CONTEXTS and self._pristine(ctx, partition):
+            self.contexts.pop(nid, None)  # a fresh one is the same: memory grows with the jobs in flight, not N
         set_message_id(reply, f"r{msg.metadata.message_id}")
         return reply
+
+    def _pristine(self, ctx: Context, partition: int | None) -> bool:
+        """Whether ``ctx`` equals the context :meth:`context` would make afresh for ``partition`` (the
+        ClientApp kept nothing in its state and changed no config)."""
+        if len(ctx.state) or ctx.run_config != self._run_config:
+            return False
+        return ctx.node_config == self._fresh_config(partition)

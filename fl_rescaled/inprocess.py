@@ -16,8 +16,10 @@ from flwr.clientapp import ClientApp
 from flwr.common.config import get_fused_config_from_dir
 from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.serverapp import ServerApp
+from flwr.serverapp.strategy import Result
 
 from .grid import InProcessGrid
+from .reporting import captured_results
 
 
 def app_run_config(app_dir: str | Path, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -38,7 +40,7 @@ def run_inprocess(
     threaded: bool = False,
     workers: int = 1,
     ahead: bool = True,
-) -> Context:
+) -> Result | None:
     """Run ``server_app`` against ``num_supernodes`` nodes of ``client_app`` in this process.
 
     Parameters
@@ -70,9 +72,10 @@ def run_inprocess(
 
     Returns
     -------
-    Context
-        The ServerApp's context after the run. An exception of the ServerApp (a strategy's
-        ``RunFailed``, say) propagates.
+    AsyncResult or None
+        The ``Result`` of the last asynchronous strategy the ServerApp ran (``strategy.start``), as
+        that call returned it; None if it ran none (Flower's own strategies return theirs to the
+        ServerApp only). An exception of the ServerApp (a strategy's ``RunFailed``, say) propagates.
     """
     config = app_run_config(app_dir, run_config) if app_dir is not None else dict(run_config or {})
     if node_configs is not None and len(node_configs) != num_supernodes:
@@ -82,7 +85,8 @@ def run_inprocess(
     context = Context(run_id=grid.run.run_id, node_id=SUPERLINK_NODE_ID, node_config={}, state=RecordDict(),
                       run_config=dict(config))
     try:
-        server_app(grid, context)
+        with captured_results() as results:
+            server_app(grid, context)
     finally:
         grid.close()
-    return context
+    return results[-1] if results else None

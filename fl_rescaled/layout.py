@@ -17,7 +17,10 @@ read back with ``np.frombuffer`` past the header, without a copy. Anything else 
 array, another serialisation) falls back to Flower's own ``Array.numpy()``, and is refused unless its
 bytes hold one array of exactly the dtype and shape the ``Array`` declares.
 
-``decode`` validates a reply against the layout and raises ``RejectedReply`` naming what was expected.
+``flatten`` validates a reply against the layout and raises ``RejectedReply`` naming what was expected.
+An array of another dtype is cast to the model's when nothing is lost (a float32 reply to a float64
+model, as FedAvg's averaging would promote it) and refused when it would be narrowed (a float64
+reply to a float32 model, an integer model given floats).
 """
 
 from __future__ import annotations
@@ -230,7 +233,7 @@ class ModelLayout:
                     raise RejectedReply("wrong-shape", f"array {single.key!r} has shape {list(a.shape)}, "
                                                        f"expected {list(single.shape)}")
                 if a.dtype != single.dtype:
-                    raise RejectedReply("wrong-dtype", f"array {single.key!r} is {a.dtype}, expected {single.dtype}")
+                    a = _cast(a, single)
                 flat = a.reshape(-1)
                 if check_finite and not all_finite(flat):
                     raise RejectedReply("non-finite", f"NaN or infinite values in {single.key!r}")
@@ -260,7 +263,7 @@ class ModelLayout:
             if a.shape != e.shape:
                 raise RejectedReply("wrong-shape", f"array {e.key!r} has shape {list(a.shape)}, expected {list(e.shape)}")
             if a.dtype != e.dtype:
-                raise RejectedReply("wrong-dtype", f"array {e.key!r} is {a.dtype}, expected {e.dtype}")
+                a = _cast(a, e)
             values[e.key] = a
         if self.single is not None:
             flat = values[self.single.key].reshape(-1)
@@ -273,6 +276,15 @@ class ModelLayout:
             raise RejectedReply("non-finite", f"NaN or infinite values in {_keys(bad)}")
         carried = {e.key: values[e.key] for e in self.entries if not e.is_float and e.key in values}
         return flat, carried
+
+
+def _cast(a: np.ndarray, e: Entry) -> np.ndarray:
+    """A reply's array in the model's dtype when that loses nothing (float32 → float64, int32 → int64:
+    numpy's "safe" casts, as FedAvg's averaging would promote them); a narrowing cast is refused."""
+    if np.can_cast(a.dtype, e.dtype, "safe"):
+        return a.astype(e.dtype)
+    raise RejectedReply("wrong-dtype", f"array {e.key!r} is {a.dtype}, expected {e.dtype} (a reply is cast up to "
+                                       "the model's dtype when nothing is lost, never narrowed)")
 
 
 def _keys(keys: list[str], limit: int = 6) -> str:

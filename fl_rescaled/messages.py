@@ -20,10 +20,17 @@ The **partition query** (``query.hello``) is optional: a ClientApp that answers 
 
 from __future__ import annotations
 
+import logging
+import math
+import sys
 from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+
+from .errors import one_line
+
+log = logging.getLogger("flwr.fl_rescaled")
 
 
 JOB_TYPE = "train"
@@ -36,15 +43,68 @@ def job_content(arrays: ArrayRecord, config: dict[str, Any], arrayrecord_key: st
     return RecordDict({arrayrecord_key: arrays, configrecord_key: ConfigRecord(config)})
 
 
+#: Metric keys with a meaning of their own: a count of examples and a compute time in seconds.
+NUM_EXAMPLES, COMPUTE_TIME = "num-examples", "compute-time"
+_FLOAT_MAX = int(sys.float_info.max)
+_dropped: set[tuple[str, str]] = set()  # (key, reason) already logged
+
+
 def reply_metrics(content: RecordDict) -> dict[str, Any]:
-    """The reply's metrics (every MetricRecord's entries; normally there is one, ``metrics``)."""
-    records = [v for v in content.values() if isinstance(v, MetricRecord)]
-    if len(records) == 1:
-        return dict(records[0])
+    """The metrics of a reply, validated: the one reader of a reply's metrics, on every path
+    (accepted, cancelled, late, federated evaluation).
+
+    Every MetricRecord's entries (normally there is one, ``metrics``). Kept: numbers (int or float,
+    not bool) that are finite as floats, and lists of them (Flower's FedAvg aggregates
+    ``list[float]`` metrics), as plain Python values; ``num-examples`` only as a non-negative
+    integer-valued number (kept as an int); ``compute-time`` only finite and ≥ 0 (the caller clamps
+    it to what the server observed). Dropped, with the reason logged once per key and reason: NaN,
+    ±inf, a bad count or time, any other type, and keys that start with ``$`` (reserved by the
+    checkpoint format). ConfigRecords and ArrayRecords are not metrics and are not read here.
+    """
     out: dict[str, Any] = {}
-    for rec in records:
-        out.update(rec)
+    for record in content.values():
+        if not isinstance(record, MetricRecord):
+            continue
+        for key, value in record.items():
+            kept, why = metric_value(key, value)
+            if why:
+                _drop(key, why)
+            else:
+                out[key] = kept
     return out
+
+
+def metric_value(key: str, value: Any) -> tuple[Any, str]:
+    """(the value to keep, "") or (None, why it is dropped) for one metric of a reply."""
+    if not isinstance(key, str) or key.startswith("$"):
+        return None, "a metric name may not start with '$'"
+    if isinstance(value, list):
+        if all(_finite_number(v) for v in value):
+            return [_plain(v) for v in value], ""
+        return None, "a list of metrics must hold finite numbers only"
+    if not _finite_number(value):
+        return None, "not a finite number"
+    if key == NUM_EXAMPLES and not (value >= 0 and float(value).is_integer()):
+        return None, "the number of examples must be a non-negative integer"
+    if key == COMPUTE_TIME and not value >= 0:
+        return None, "a compute time must be non-negative"
+    return (int(value) if key == NUM_EXAMPLES else _plain(value)), ""
+
+
+def _finite_number(v: Any) -> bool:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    return -_FLOAT_MAX <= v <= _FLOAT_MAX if isinstance(v, int) else math.isfinite(v)
+
+
+def _plain(v: int | float) -> int | float:
+    return int(v) if isinstance(v, int) else float(v)
+
+
+def _drop(key: Any, why: str) -> None:
+    if (str(key), why) not in _dropped and len(_dropped) < 1000:
+        _dropped.add((str(key), why))
+        log.warning("a reply's metric %s was dropped: %s", one_line(repr(key), 80), why)
 
 
 # ---------------------------------------------------------------------------- the partition query

@@ -6,9 +6,11 @@ from __future__ import annotations
 import logging
 import math
 import random
+import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,56 +27,118 @@ log = logging.getLogger("flwr.fl_rescaled")
 
 @dataclass
 class AsyncResult(Result):
-    """Flower's ``Result`` plus the run's books.
+    """Flower's ``Result`` for an asynchronous run, plus its bookkeeping, each in its own record.
 
-    ``books``: updates applied, jobs sent, replies accepted, rejected (in all and per reason:
-    ``rejected.<reason>``), lost, discarded, jobs still in flight, the final time and wall seconds.
-    ``evaluate_metrics_*`` and ``train_metrics_clientapp`` are keyed by evaluation number (0 is
-    the start), each record with its ``time`` and ``updates``.
+    Keyed by evaluation point (0: the start; then about ten points over the budget, or every
+    ``eval_every`` time units), where FedAvg keys by round:
+
+    - ``arrays``: the final model, in the layout of ``initial_arrays``;
+    - ``train_metrics_clientapp[k]``: the metrics of the replies accepted since point k − 1,
+      aggregated as FedAvg aggregates a round's (``train_metrics_aggr_fn``);
+    - ``evaluate_metrics_clientapp[k]``: federated evaluation at point k (``evaluate_metrics_aggr_fn``);
+    - ``evaluate_metrics_serverapp[k]``: what ``evaluate_fn`` returned at point k;
+    - ``progress[k]``: ``time`` (virtual time units in process, seconds / ``time_unit`` on the wall
+      clock), ``updates`` (server updates so far), ``replies`` (accepted since point k − 1),
+      ``cumulative-stepsize``;
+    - ``books``: the run's books (``fl_rescaled.manager.books``): updates, jobs sent, replies
+      accepted, rejected and lost (in all and by reason: ``rejected.<reason>``, ``lost.<reason>``),
+      discarded, in flight, strays, and per worker when there are at most 1,000.
     """
 
+    progress: dict[int, MetricRecord] = field(default_factory=dict)
     books: MetricRecord = field(default_factory=MetricRecord)
 
     def __repr__(self) -> str:
-        return super().__repr__() + "\nBooks:\n\t" + ", ".join(f"{k}={v}" for k, v in self.books.items()) + "\n"
+        return super().__repr__() + "\nBooks:\n\t" + ", ".join(f"{k}={v}" for k, v in self.books.items()
+                                                              if not k.endswith("-per-worker")) + "\n"
+
+
+#: FedAvg's signature for a custom aggregation of reply metrics: (replies' records, weight key) -> record.
+AggregateFn = Callable[[list[RecordDict], str], MetricRecord]
 
 
 @dataclass
 class MetricWindow:
-    """Weighted means of the numeric metrics of the replies accepted since the last evaluation.
+    """The metrics of the replies accepted since the last evaluation point, aggregated as Flower's
+    FedAvg aggregates a round's (``aggregate_metricrecords``): each key's average over the replies
+    that carry it, weighted by their ``weighted_by_key`` metric (``num-examples``; 1 when a reply has
+    none), lists element by element; the weight key itself is left out. Non-numbers, non-finite
+    values and lists of another length than the window's are dropped.
 
-    A reply's weight is its ``weighted_by_key`` metric (``num-examples``) when it has one, else 1;
-    the weight key itself is summed, not averaged (as Flower's ``aggregate_metricrecords`` leaves it
-    out of the means).
+    With a custom aggregation (``aggregate``: FedAvg's ``train_metrics_aggr_fn`` signature) the
+    window keeps the replies' metrics instead and hands them over as Flower ``RecordDict`` s.
     """
 
     key: str
-    sums: dict[str, float] = field(default_factory=dict)
+    sums: dict[str, Any] = field(default_factory=dict)  # key -> weighted sum (a float, or a list)
     weights: dict[str, float] = field(default_factory=dict)
     replies: int = 0
-    weight_total: float = 0.0
+    kept: list[dict[str, Any]] | None = None  # the replies' metrics (a custom aggregation)
 
     def clear(self) -> None:
-        self.sums, self.weights, self.replies, self.weight_total = {}, {}, 0, 0.0
+        self.sums, self.weights, self.replies = {}, {}, 0
+        if self.kept is not None:
+            self.kept = []
 
     def add(self, metrics: dict[str, Any]) -> None:
-        w = metrics.get(self.key)
-        w = float(w) if isinstance(w, (int, float)) and not isinstance(w, bool) and w > 0 else 1.0
         self.replies += 1
-        self.weight_total += w
+        if self.kept is not None:
+            self.kept.append(dict(metrics))
+            return
+        w = metrics.get(self.key)
+        w = float(w) if _number(w) and w > 0 else 1.0
         for k, v in metrics.items():
-            if k == self.key or isinstance(v, bool) or not isinstance(v, (int, float)):
+            if k == self.key:
                 continue
-            if not math.isfinite(v):
-                continue
-            self.sums[k] = self.sums.get(k, 0.0) + w * float(v)
-            self.weights[k] = self.weights.get(k, 0.0) + w
+            if _number(v):
+                if isinstance(self.sums.get(k, 0.0), float):
+                    self.sums[k] = self.sums.get(k, 0.0) + w * float(v)
+                    self.weights[k] = self.weights.get(k, 0.0) + w
+            elif isinstance(v, list) and v and all(_number(e) for e in v):
+                old = self.sums.get(k)
+                if old is None:
+                    self.sums[k] = [w * float(e) for e in v]
+                elif isinstance(old, list) and len(old) == len(v):
+                    self.sums[k] = [a + w * float(e) for a, e in zip(old, v)]
+                else:
+                    continue
+                self.weights[k] = self.weights.get(k, 0.0) + w
 
-    def record(self) -> dict[str, float]:
-        out = {k: self.sums[k] / self.weights[k] for k in self.sums}
-        if self.replies:
-            out[self.key] = self.weight_total
-        return out
+    def record(self, aggregate: AggregateFn | None = None) -> dict[str, Any]:
+        """The aggregated metrics (empty when no reply came)."""
+        if not self.replies:
+            return {}
+        if self.kept is not None and aggregate is not None:
+            recs = [RecordDict({"metrics": MetricRecord(m)}) for m in self.kept]
+            return dict(aggregate(recs, self.key))
+        return {k: ([e / self.weights[k] for e in v] if isinstance(v, list) else v / self.weights[k])
+                for k, v in self.sums.items()}
+
+
+_CAPTURE = threading.local()
+
+
+@contextmanager
+def captured_results() -> Iterator[list[AsyncResult]]:
+    """The results of the asynchronous runs this thread finishes inside the ``with`` block
+    (``run_inprocess`` returns the ServerApp's this way: Flower's ServerApp returns nothing)."""
+    saved = getattr(_CAPTURE, "results", None)
+    _CAPTURE.results = results = []
+    try:
+        yield results
+    finally:
+        _CAPTURE.results = saved
+
+
+def report_result(result: AsyncResult) -> None:
+    """Hand ``result`` to the ``captured_results`` block this thread is in, if any."""
+    results = getattr(_CAPTURE, "results", None)
+    if results is not None:
+        results.append(result)
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def fmt_metrics(metrics: dict[str, Any] | None) -> str:
@@ -86,29 +150,36 @@ def fmt_metrics(metrics: dict[str, Any] | None) -> str:
 
 
 class FederatedEvaluation:
-    """Sends the global model to a fraction of the nodes' ``@app.evaluate`` and averages their metrics."""
+    """Sends the global model to some of the nodes' ``@app.evaluate`` and aggregates their metrics.
+
+    As FedAvg: max(min_nodes, ⌊fraction · online nodes⌋) nodes, at most all of them (drawn
+    with the evaluation point's number as seed); none with ``fraction`` 0; their metrics aggregated
+    as ``MetricWindow`` does, or by ``aggregate`` (FedAvg's ``evaluate_metrics_aggr_fn``).
+    """
 
     def __init__(self, grid: AsyncGrid, config: ConfigRecord | dict | None, timeout: float, *, fraction: float,
-                 weighted_by_key: str, arrayrecord_key: str, configrecord_key: str) -> None:
+                 min_nodes: int, weighted_by_key: str, arrayrecord_key: str, configrecord_key: str,
+                 aggregate: AggregateFn | None = None) -> None:
         self.grid = grid
-        self.fraction = fraction
+        self.fraction, self.min_nodes = fraction, min_nodes
         self.weighted_by_key = weighted_by_key
         self.arrayrecord_key = arrayrecord_key
         self.configrecord_key = configrecord_key
+        self.aggregate = aggregate
         self.config = dict(config.items()) if config is not None else {}
         self.timeout = timeout
         self.failed_once = False
 
-    def run(self, step: int, arrays: ArrayRecord, nodes: list[int]) -> dict[str, float] | None:
-        """Evaluate ``arrays`` on a ``fraction`` of ``nodes`` (the online ones); their metrics, averaged."""
+    def run(self, step: int, arrays: ArrayRecord, nodes: list[int]) -> dict[str, Any] | None:
+        """Evaluate ``arrays`` on some of ``nodes`` (the online ones); their metrics, aggregated."""
         if self.fraction <= 0 or not nodes:
             return None
-        k = max(1, int(round(len(nodes) * self.fraction)))
+        k = min(len(nodes), max(self.min_nodes, int(len(nodes) * self.fraction), 1))
         chosen = sorted(random.Random(step).sample(nodes, k)) if k < len(nodes) else nodes
         cfg = ConfigRecord({**self.config, "server-round": step})
         msgs = [Message(RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: cfg}), n, EVALUATE_TYPE,
                         ttl=self.timeout) for n in chosen]
-        window = MetricWindow(self.weighted_by_key)
+        window = MetricWindow(self.weighted_by_key, kept=[] if self.aggregate is not None else None)
         errors: list[str] = []
 
         def answered(rep: Message) -> None:
@@ -122,52 +193,58 @@ class FederatedEvaluation:
             self.failed_once = True
             log.warning("federated evaluation: %d of %d nodes failed (%s); set fraction_evaluate=0 if the "
                         "ClientApp has no @app.evaluate", len(errors), len(chosen), errors[0])
-        return window.record() if window.replies else None
+        return window.record(self.aggregate) if window.replies else None
 
 
 EvaluateFn = Callable[[int, ArrayRecord], "MetricRecord | None"]
+#: ``on_evaluation(step, arrays, metrics)``: ``metrics`` maps "train", "server", "federated" and
+#: "progress" to that evaluation point's records (the ones it has).
+OnEvaluation = Callable[[int, ArrayRecord, dict[str, MetricRecord]], None]
 
 
 class Evaluations:
     """A run's evaluation points: the books and the reply metrics at each, the central evaluation
     (on the Grid's pool when it has one, so the event loop goes on meanwhile) and the federated one.
 
-    Points are finished in order (``drain``): their rows enter the history, their metrics the result,
-    and the log and progress bar show them.
+    Points are finished in order (``drain``): their rows enter the history, their metrics the
+    result, ``on_evaluation`` sees them (with the model of that point), and the log and progress bar
+    show them. Times in the log carry ``unit``.
     """
 
-    def __init__(self, grid: AsyncGrid, evaluate_fn: EvaluateFn | None, fed_eval: FederatedEvaluation,
-                 bar: Any) -> None:
+    def __init__(self, grid: AsyncGrid, evaluate_fn: EvaluateFn | None, fed_eval: FederatedEvaluation, bar: Any,
+                 *, train_aggregate: AggregateFn | None = None, on_evaluation: OnEvaluation | None = None,
+                 unit: str = "") -> None:
         self.grid, self.evaluate_fn, self.fed_eval, self.bar = grid, evaluate_fn, fed_eval, bar
-        self.pending: deque[tuple] = deque()  # (step, row, stamp, train, fed, server) not finished yet
+        self.train_aggregate, self.on_evaluation, self.unit = train_aggregate, on_evaluation, unit
+        self.pending: deque[tuple] = deque()  # the points whose central evaluation may still run
 
     def point(self, state: Any, t: float, books_row: dict[str, Any], arrays: Callable[[], ArrayRecord],
-              online_nodes: list[int], stored_vectors: int, by_time: bool) -> None:
-        """One evaluation point at time ``t`` of the run whose state is ``state`` (a ``RunState``)."""
+              online_nodes: Callable[[], list[int]], stored_vectors: int, by_time: bool) -> None:
+        """One evaluation point at time ``t`` of the run whose state is ``state`` (a ``RunState``);
+        ``online_nodes`` is asked only when a federated evaluation runs (a population can be large)."""
         step = state.schedule.step
         row: dict[str, Any] = {"time": float(t), **books_row, "stored_vectors": stored_vectors}
-        stamp = {"time": float(t), "updates": books_row["updates"],
-                 "cumulative-stepsize": books_row["cumulative_stepsize"]}
-        record = None
+        progress = {"time": float(t), "updates": books_row["updates"], "replies": state.window.replies,
+                    "cumulative-stepsize": books_row["cumulative_stepsize"]}
+        record = arrays() if self.evaluate_fn is not None or self.on_evaluation is not None else None
         server: Any = None
         if self.evaluate_fn is not None:
-            record = arrays()
             server = self.grid.submit(self.evaluate_fn, step, record)
             if server is None:
                 server = self.evaluate_fn(step, record)
-        train = state.window.record()
+        train = state.window.record(self.train_aggregate)
         if train:
             row["train_metrics"] = train
-            state.train_metrics[step] = {**train, "replies": state.window.replies, "time": stamp["time"],
-                                         "updates": stamp["updates"]}
+            state.train_metrics[step] = train
         fed = None
         if self.fed_eval.fraction > 0:
-            fed = self.fed_eval.run(step, record or arrays(), online_nodes)
+            fed = self.fed_eval.run(step, record or arrays(), online_nodes())
         if fed is not None:
             row["evaluate_metrics"] = fed
-            state.client_metrics[step] = {**fed, "time": stamp["time"], "updates": stamp["updates"]}
+            state.client_metrics[step] = fed
+        state.progress[step] = progress
         state.history.append(row)
-        self.pending.append((step, row, stamp, train, fed, server, by_time))
+        self.pending.append((step, row, progress, train, fed, server, by_time, record))
         state.window.clear()
         state.schedule.advance(books_row["updates"])
         self.drain(state, block=False)
@@ -175,7 +252,7 @@ class Evaluations:
     def drain(self, state: Any, block: bool) -> None:
         """Finish the evaluation points whose central evaluation is done, in order (all: ``block``)."""
         while self.pending:
-            step, row, stamp, train, fed, server, by_time = self.pending[0]
+            step, row, progress, train, fed, server, by_time, record = self.pending[0]
             if isinstance(server, Future):
                 if not (block or server.done()):
                     return
@@ -183,8 +260,29 @@ class Evaluations:
             self.pending.popleft()
             if server is not None:
                 row.update(dict(server))
-                state.server_metrics[step] = {**dict(server), **stamp}
-            log.info("[t=%g | %d updates] train: %s%s%s", stamp["time"], stamp["updates"], fmt_metrics(train),
-                     f" | server eval: {fmt_metrics(dict(server))}" if server is not None else "",
+                state.server_metrics[step] = dict(server)
+            log.info("[t=%g%s | %d updates] train: %s%s%s", progress["time"], self.unit, progress["updates"],
+                     fmt_metrics(train), f" | server eval: {fmt_metrics(dict(server))}" if server is not None else "",
                      f" | federated eval: {fmt_metrics(fed)}" if fed is not None else "")
-            self.bar.update(stamp["time"] if by_time else stamp["updates"], row)
+            if self.on_evaluation is not None:
+                metrics = {name: MetricRecord(m) for name, m in (("train", train), ("server", server),
+                                                                 ("federated", fed), ("progress", progress)) if m}
+                self.on_evaluation(step, record, metrics)
+            self.bar.update(progress["time"] if by_time else progress["updates"], row)
+
+
+def log_start(strategy: str, layout: Any, time_budget: float | None, max_updates: int | None) -> None:
+    """The start of a run in the log, as FedAvg's (its strategy's own lines follow: ``summary``)."""
+    log.info("Starting %s strategy:", strategy)
+    log.info("\t├── Model: %d arrays, %d trained values (%s)", len(layout.entries), layout.flat_size,
+             layout.flat_dtype)
+    log.info("\t├── Budget: %s", " and ".join(([f"{time_budget:g} time units"] if time_budget is not None else [])
+                                              + ([f"{max_updates} updates"] if max_updates is not None else [])))
+
+
+def log_end(result: Result, wall_seconds: float) -> None:
+    """The end of a run in the log, as FedAvg's: its time and the ``Result``."""
+    log.info("")
+    log.info("Strategy execution finished in %.2fs", wall_seconds)
+    for line in str(result).splitlines():
+        log.info("\t%s", line)

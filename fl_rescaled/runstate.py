@@ -26,7 +26,7 @@ from .manager import ManagerState
 from .reporting import MetricWindow
 
 #: Bumped whenever the layout of a run's state changes: older checkpoints are refused by name.
-STATE_VERSION = 2
+STATE_VERSION = 3
 
 
 def budgets(time_budget: float | None, num_updates: int | None, eval_every: float | None,
@@ -84,6 +84,7 @@ class RunState:
     train_metrics: dict[int, dict[str, Any]] = field(default_factory=dict)
     server_metrics: dict[int, dict[str, Any]] = field(default_factory=dict)
     client_metrics: dict[int, dict[str, Any]] = field(default_factory=dict)
+    progress: dict[int, dict[str, Any]] = field(default_factory=dict)
     answered: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # workers heard from
     consecutive: int = 0  # replies rejected in a row
     replica_lrs: np.ndarray | None = None  # batched runs: each replica's α (0: frozen)

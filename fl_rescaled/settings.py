@@ -168,10 +168,17 @@ def of_signature(func: Callable[..., Any], doc: str | None, owner: str, prefix: 
     for p in inspect.signature(func).parameters.values():
         if p.kind not in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) or p.name == "self" or p.name in skip:
             continue
+        if _callable(hints.get(p.name)):  # (a function: an option of Python callers, not of text)
+            continue
         kind, optional = kind_of(hints.get(p.name, str))
         key = prefix + p.name.replace("_", "-").lower()
         out.append(Setting(p.name, key, kind, p.default, optional or p.default is None, docs.get(p.name, ""), owner))
     return out
+
+
+def _callable(hint: Any) -> bool:
+    args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    return any(typing.get_origin(a) is Callable or a is Callable for a in args)
 
 
 def numpydoc_parameters(doc: str | None) -> dict[str, str]:

@@ -15,6 +15,7 @@ path computed its steps.
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Callable, Sequence
 from functools import partial
 
@@ -168,11 +169,12 @@ class TauTable:
                  *, estimated: bool = False) -> None:
         self.n = int(n)
         self.fixed = taus is not None and not estimated
-        self.taus = [float(t) for t in taus] if taus is not None else [math.nan] * self.n
+        # (compact per-worker storage: 8 bytes a worker, 1 for the flag; a population can be large)
+        self.taus = array("d", taus) if taus is not None else array("d", [math.nan]) * self.n
         if len(self.taus) != self.n:
             raise ValueError(f"{len(self.taus)} compute times for {self.n} workers")
-        self.prior = list(self.taus)
-        self.active = [True] * self.n
+        self.prior = array("d", self.taus)
+        self.active = bytearray(b"\x01") * self.n
         self.n_active = self.n
         known = taus is not None
         self.n_known = self.n if known else 0
@@ -219,9 +221,9 @@ class TauTable:
 
     def set_active(self, worker: int, active: bool) -> None:
         """A worker left (its node is gone) or came back: it counts in the statistics only while active."""
-        if self.active[worker] == active:
+        if bool(self.active[worker]) == bool(active):
             return
-        self.active[worker] = active
+        self.active[worker] = bool(active)
         self.n_active += 1 if active else -1
         if self.weights is not None:
             self._weight_active += self.weights[worker] if active else -self.weights[worker]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from fl_rescaled.algorithm import Run
@@ -11,6 +12,13 @@ from fl_rescaled.manager import Completion
 from fl_rescaled.stepsizes import RULES, Rule, TauTable
 
 from .base import AsyncStrategy
+
+
+@dataclass
+class ASGDState:
+    """The cycle stepsize α this run uses (``lr``, or the method's default for the run)."""
+
+    alpha: float = 1.0
 
 
 class ASGD(AsyncStrategy):
@@ -30,6 +38,7 @@ class ASGD(AsyncStrategy):
     """
 
     name = "asgd"
+    State = ASGDState
 
     def __init__(self, *, rule: Rule | str = "vanilla", **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -43,8 +52,16 @@ class ASGD(AsyncStrategy):
         """The τ table the rule reads: each worker's mean time between deliveries (``run.taus``)."""
         return run.taus
 
+    def init_state(self, run: Run) -> ASGDState:
+        return ASGDState(self.cycle_stepsize(run))
+
+    def cycle_stepsize(self, run: Run) -> float:
+        """α for this run: ``lr`` (1 unless given)."""
+        del run
+        return self.lr
+
     def on_completion(self, run: Run, comp: Completion) -> None:
-        run.apply(comp.worker, comp.update, self.rule(self.lr, comp.worker, self.table(run), comp.delay))
+        run.apply(comp.worker, comp.update, self.rule(self.state.alpha, comp.worker, self.table(run), comp.delay))
         run.send_next(comp.worker)
 
 

@@ -11,29 +11,28 @@ returns Flower's ``Result`` (an ``AsyncResult``, which adds the run's books).
 
 from __future__ import annotations
 
-import io
 import logging
-import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
+from fl_rescaled.bounds import OUTLIER_FACTOR, Chain, of_options
 from fl_rescaled.clock import Clock
 from fl_rescaled.algorithm import Run
 from fl_rescaled.driver import Driver
 from fl_rescaled.manager import Completion, ManagerObserver, ManagerSettings
-from fl_rescaled.reporting import AsyncResult, EvaluateFn
+from fl_rescaled.reporting import AsyncResult, EvaluateFn, log_end, log_start
 from fl_rescaled.runstate import Checkpointing
 from fl_rescaled.stepsizes import vanilla
 
-log = logging.getLogger("flwr.fl_rescaled")
+from .checks import check_common
 
-REPLIES = ("gradient", "model")
+log = logging.getLogger("flwr.fl_rescaled")
 
 
 @dataclass
@@ -46,10 +45,10 @@ class AsyncStrategy(Strategy):
 
     Parameters
     ----------
-    lr : float (default: 1.0)
+    lr : float, optional (default: the method's, 1)
         The cycle stepsize α: each method scales its steps so that the stepsizes it applies per
-        τ_max time units add up to α (see the subclass). With ``reply="model"``, α = 1 moves the
-        model per τ_max about as far as one FedAvg round.
+        τ_max time units add up to α (see the subclass). Default 1, except where a method says
+        otherwise (Rescaled ASGD with model replies).
     reply : str (default: the method's, "gradient" or "model")
         What a reply's arrays are. ``"gradient"``: a stochastic gradient g (or any direction the
         server steps against: x ← x − γ g). ``"model"``: the model y the client trained from the
@@ -64,6 +63,8 @@ class AsyncStrategy(Strategy):
         Fraction of the nodes that evaluate the global model with their ``@app.evaluate`` at each
         evaluation point (as FedAvg's); their aggregated metrics fill
         ``Result.evaluate_metrics_clientapp``. 0 turns federated evaluation off.
+    min_evaluate_nodes : int (default: 2)
+        FedAvg's: the least number of nodes that evaluate (at most every online node).
     weighted_by_key : str (default: "num-examples")
         The reply metric used as the weight when metrics are averaged.
     arrayrecord_key : str (default: "arrays")
@@ -79,13 +80,31 @@ class AsyncStrategy(Strategy):
         drawn uniformly (seeded) from the idle, online ones: a federated population, C training at
         a time. Default: from ``fraction_train``.
     fraction_train : float (default: 1.0)
-        FedAvg's: when ``concurrency`` is not given, C = max(min_train_nodes, ⌈fraction_train · N⌉)
-        (1.0: every node trains all the time).
+        FedAvg's: when ``concurrency`` is not given, C = max(min_train_nodes, ⌊fraction_train · N⌋),
+        as FedAvg counts the nodes of a round (1.0: every node trains all the time).
     min_train_nodes : int (default: 2)
         FedAvg's: the least C that ``fraction_train`` may give.
     min_available_nodes : int (default: 1)
         FedAvg's: wait for this many nodes before the first job (FedAvg's default is 2; an
         asynchronous run can start with one).
+    train_metrics_aggr_fn : callable, optional
+        FedAvg's: ``fn(list[RecordDict], weighted_by_key) -> MetricRecord`` aggregates the metrics of
+        the replies of each evaluation window (default: FedAvg's weighted average, lists element
+        by element, the weight key left out).
+    evaluate_metrics_aggr_fn : callable, optional
+        FedAvg's: the same for the federated evaluation's replies.
+    outlier_factor : float, optional (default: 300)
+        Reject an update (a reply's direction g) whose L2 norm is more than this many times the
+        median of the workers' latest accepted norms (``fl_rescaled.bounds.outlier_guard``, which
+        says how the start of a run is judged and what the guard cannot catch); it is booked as
+        ``rejected.outlier``, the model untouched. ``none`` turns the guard off.
+    adaptive_clip : float, optional (default: none)
+        Clip every accepted update to an online estimate of this quantile (in (0, 1)) of the
+        accepted norms (``fl_rescaled.bounds.adaptive_clip``, after Andrew et al., 2021).
+    clip_norm : float, optional (default: none)
+        Scale an update whose L2 norm exceeds this down to it. The only bound that also holds for
+        the first reply of a run. The three apply in this order (guard, adaptive clip, clip), to
+        each reply on its own; runs of batched replicas apply none.
     """
 
     #: Short name used on the command line and in reports.
@@ -94,11 +113,15 @@ class AsyncStrategy(Strategy):
     default_reply = "gradient"
     #: False for the round-based methods, which keep exactly one job per worker.
     restarts_at_once = True
+    #: Whether the steps follow each worker's τ (the τ-proportional rules; a warning says when all τ are equal).
+    uses_tau = False
+    #: Whether ``lr`` (α) sets the steps (False: the clients' own learning rate does; not shown as a setting).
+    uses_lr = True
 
     def __init__(
         self,
         *,
-        lr: float = 1.0,
+        lr: float | None = None,
         reply: str | None = None,
         jobs_per_node: int = 1,
         fraction_evaluate: float = 1.0,
@@ -110,30 +133,21 @@ class AsyncStrategy(Strategy):
         fraction_train: float = 1.0,
         min_train_nodes: int = 2,
         min_available_nodes: int = 1,
+        min_evaluate_nodes: int = 2,
+        train_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
+        evaluate_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
+        outlier_factor: float | None = OUTLIER_FACTOR,
+        adaptive_clip: float | None = None,
+        clip_norm: float | None = None,
     ) -> None:
-        if isinstance(lr, bool) or not (isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr)):
-            raise ValueError(f"the cycle stepsize lr (α) must be positive, got {lr!r}")
         reply = self.default_reply if reply is None else reply
-        if reply not in REPLIES:
-            raise ValueError(f"reply must be one of {REPLIES}, got {reply!r}")
-        if isinstance(jobs_per_node, bool) or not isinstance(jobs_per_node, int) or not 1 <= jobs_per_node <= 1000:
-            raise ValueError(f"jobs_per_node must be an integer in 1..1000, got {jobs_per_node!r}")
-        if jobs_per_node != 1 and not self.restarts_at_once:
-            raise ValueError(f"{type(self).__name__} keeps one job per worker (jobs_per_node=1)")
-        if not 0.0 <= fraction_evaluate <= 1.0:
-            raise ValueError(f"fraction_evaluate must be in [0, 1], got {fraction_evaluate!r}")
-        if max_consecutive_rejections is not None and max_consecutive_rejections < 1:
-            raise ValueError("max_consecutive_rejections must be at least 1")
-        for name, value in (("concurrency", concurrency), ("min_train_nodes", min_train_nodes),
-                            ("min_available_nodes", min_available_nodes)):
-            if value is not None and (isinstance(value, bool) or int(value) != value or value < 1):
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if not 0.0 < fraction_train <= 1.0:
-            raise ValueError(f"fraction_train must be in (0, 1], got {fraction_train!r}")
-        if concurrency is not None and jobs_per_node != 1:
-            raise ValueError("jobs_per_node applies when every worker is always busy; with concurrency, one job "
-                             "per worker")
-        self.lr = float(lr)
+        check_common(type(self).__name__, self.restarts_at_once, lr=lr, reply=reply, jobs_per_node=jobs_per_node,
+                     fraction_evaluate=fraction_evaluate, max_consecutive_rejections=max_consecutive_rejections,
+                     concurrency=concurrency, fraction_train=fraction_train, min_train_nodes=min_train_nodes,
+                     min_available_nodes=min_available_nodes, min_evaluate_nodes=min_evaluate_nodes,
+                     train_metrics_aggr_fn=train_metrics_aggr_fn, evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn)
+        self.lr = 1.0 if lr is None else float(lr)
+        self.lr_given = lr is not None  # (else the method's default, which may depend on the run)
         self.reply = reply
         self.jobs_per_node = jobs_per_node
         self.fraction_evaluate = float(fraction_evaluate)
@@ -144,6 +158,10 @@ class AsyncStrategy(Strategy):
         self.concurrency = None if concurrency is None else int(concurrency)
         self.fraction_train, self.min_train_nodes = float(fraction_train), int(min_train_nodes)
         self.min_available_nodes = int(min_available_nodes)
+        self.min_evaluate_nodes = int(min_evaluate_nodes)
+        self.train_metrics_aggr_fn, self.evaluate_metrics_aggr_fn = train_metrics_aggr_fn, evaluate_metrics_aggr_fn
+        self.outlier_factor, self.adaptive_clip, self.clip_norm = outlier_factor, adaptive_clip, clip_norm
+        self.update_bound()  # (validates them)
         #: The algorithm's state (``State``); a run starts with a fresh one (``init_state``).
         self.state: Any = self.State()
         #: The driver of the last run started (its manager, books and state stay readable after it).
@@ -163,11 +181,11 @@ class AsyncStrategy(Strategy):
         model ``x`` (array shapes and ranges the schema cannot say)."""
 
     def slots(self, n: int) -> int:
-        """C for a run of ``n`` workers: ``concurrency``, else max(min_train_nodes, ⌈fraction_train · n⌉),
-        at most n."""
+        """C for a run of ``n`` workers: ``concurrency``, else max(min_train_nodes, ⌊fraction_train · n⌋)
+        (FedAvg's count of a round's nodes), at most n."""
         if self.concurrency is not None:
             return min(self.concurrency, n)
-        return min(n, max(self.min_train_nodes, math.ceil(self.fraction_train * n)))
+        return min(n, max(self.min_train_nodes, int(n * self.fraction_train)))
 
     def on_start(self, run: Run) -> None:
         """Send the first jobs: ``jobs_per_node`` jobs to every worker (the methods that restart at once);
@@ -196,9 +214,25 @@ class AsyncStrategy(Strategy):
         for _ in range(self.jobs_per_node):
             run.send(worker)
 
-    def job_config(self) -> dict | None:
-        """Extra config every job of this strategy carries; default none."""
-        return None
+    def configure_job(self, config: ConfigRecord, *, updates: int, time: float) -> ConfigRecord:
+        """The config of the next job: ``train_config`` as given to ``start`` (a copy), changed as the
+        strategy wants. The asynchronous counterpart of FedAvg's ``configure_train``: override it for a
+        learning-rate schedule by the number of server updates so far (``updates``, FedAvg's
+        ``server_round - 1``) or by the run's ``time``. The job's tags are added after. Default: as is."""
+        del updates, time
+        return config
+
+    @property
+    def configures_jobs(self) -> bool:
+        """Whether ``configure_job`` is overridden (else no per-job config is built)."""
+        return type(self).configure_job is not AsyncStrategy.configure_job
+
+    def on_evaluation(self, step: int, arrays: ArrayRecord, metrics: dict[str, MetricRecord]) -> None:
+        """Called at every evaluation point, in order, once its evaluations are done: ``step`` is its
+        number, ``arrays`` the model there, ``metrics`` its records by name (``train``, ``server``:
+        what ``evaluate_fn`` returned, ``federated``, ``progress``: time and updates). Override it to
+        save the best model or append to a results file (FedAvg users do it in ``evaluate_fn``;
+        both work). Default: nothing."""
 
     def target_weights(self) -> Sequence[float] | None:
         """Per-partition target weights, if the method has them (then the run needs the partition query)."""
@@ -208,8 +242,20 @@ class AsyncStrategy(Strategy):
         """How many model-sized vectors the server holds besides the model (gradient memory)."""
         return 0
 
+    @property
+    def lr_per_run(self) -> bool:
+        """True when ``lr`` was not given and the method's default α depends on the run."""
+        return False
+
+    def update_bound(self) -> Chain:
+        """The bounds every update passes before ``on_completion`` (``fl_rescaled.bounds``)."""
+        return of_options(clip_norm=self.clip_norm, adaptive_quantile=self.adaptive_clip,
+                          outlier_factor=self.outlier_factor)
+
     def describe(self) -> dict[str, Any]:
-        out = {"strategy": self.name, "lr": self.lr, "reply": self.reply}
+        lr = "the run's default" if self.lr_per_run else self.lr
+        out = {"strategy": self.name, **({"lr": lr} if self.uses_lr else {}), "reply": self.reply,
+               "outlier_factor": self.outlier_factor, "adaptive_clip": self.adaptive_clip, "clip_norm": self.clip_norm}
         if self.concurrency is not None or self.fraction_train != 1.0:
             out.update(concurrency=self.concurrency, fraction_train=self.fraction_train)
         return out
@@ -221,26 +267,13 @@ class AsyncStrategy(Strategy):
         del gamma_v
         return 1.0 / steps
 
-    @staticmethod
-    def vanilla_gamma(lr: float, run: Run) -> float:
-        """Vanilla ASGD's step α · τ_H / (n · τ_max) over the current τ estimates: the base step of
-        every method that normalises to Vanilla."""
-        return _VANILLA(lr, 0, run.taus, 0)
-
     # ---------------------------------------------------------------- Flower's round API
     # Asynchronous strategies have no rounds: the whole run happens inside ``start``. These four
     # methods of Flower's Strategy interface are therefore not part of their contract.
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
+    def _no_rounds(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError(f"{type(self).__name__} is asynchronous: call start(), not rounds")
 
-    def aggregate_train(self, server_round: int, replies):
-        raise NotImplementedError(f"{type(self).__name__} is asynchronous: call start(), not rounds")
-
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
-        raise NotImplementedError(f"{type(self).__name__} is asynchronous: call start(), not rounds")
-
-    def aggregate_evaluate(self, server_round: int, replies: list[Message]):
-        raise NotImplementedError(f"{type(self).__name__} is asynchronous: call start(), not rounds")
+    configure_train = aggregate_train = configure_evaluate = aggregate_evaluate = _no_rounds
 
     def summary(self) -> None:
         log.info("\t├──> %s", ", ".join(f"{k}={v}" for k, v in self.describe().items()))
@@ -294,7 +327,8 @@ class AsyncStrategy(Strategy):
             start (step 0), at every evaluation point and at the end.
         time_budget : float, optional
             Stop when the clock reaches this time: virtual time units, or on the wall clock
-            seconds / ``time_unit`` counted from the first job sent.
+            seconds / ``time_unit`` counted from the first reply (when a node is ready: Ray's or a
+            SuperLink's start-up is not counted).
         clock : VirtualClock or WallClock, optional
             Default: on ``InProcessGrid`` a virtual clock with each node's ``tau`` from its node
             config (1 if unset); on Flower's runtimes the wall clock, with τ_i estimated online.
@@ -351,27 +385,12 @@ class AsyncStrategy(Strategy):
                         progress=progress, observers=observers, checkpoint=checkpoint, settings=settings,
                         replicas=replicas, seed=seed)
         self.last_run = driver
-        layout = driver.layout
-        log.info("Starting %s strategy:", type(self).__name__)
-        log.info("\t├── Model: %d arrays, %d trained values (%s)", len(layout.entries), layout.flat_size,
-                 layout.flat_dtype)
-        log.info("\t├── Budget: %s", " and ".join(
-            ([f"{driver.budget:g} time units"] if time_budget is not None else [])
-            + ([f"{driver.max_updates} updates"] if driver.max_updates is not None else [])))
+        log_start(type(self).__name__, driver.layout, driver.budget if time_budget is not None else None,
+                  driver.max_updates)
         self.summary()
         result = driver.run()
-        log.info("")
-        log.info("Strategy execution finished in %.2fs", driver.wall_seconds)
-        for line in io.StringIO(str(result)):
-            log.info("\t%s", line.rstrip("\n"))
+        log_end(result, driver.wall_seconds)
         return result
-
-
-def every_worker_each_round(strategy: AsyncStrategy, run: Run) -> None:
-    """Refuse a population (C < N) for a method whose rounds wait for every worker."""
-    if run.concurrency < run.n:
-        raise ValueError(f"{type(strategy).__name__}'s rounds wait for every worker: it needs every node training "
-                         f"(concurrency {run.concurrency} < {run.n} workers)")
 
 
 _VANILLA = vanilla()

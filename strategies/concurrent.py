@@ -25,7 +25,8 @@ class ConcurrentASGD(AsyncStrategy):
 
     τ_C jobs are in flight (the common ``concurrency``; all n workers by default). Each arrival is applied at once with a
     constant step η = α · τ_H / (n · τ_max) (Vanilla's), and the new model is queued on a worker drawn
-    uniformly at random, whether or not it is busy; a worker serves its queue first-in first-out and
+    uniformly at random (among the active ones: not a node that left or a worker set aside), whether
+    or not it is busy; a worker serves its queue first-in first-out and
     idles when the queue is empty. The draws come from a generator seeded by the run seed.
 
     Parameters
@@ -60,7 +61,15 @@ class ConcurrentASGD(AsyncStrategy):
 
     def on_completion(self, run: Run, comp: Completion) -> None:
         run.apply(comp.worker, comp.update, _VANILLA(self.lr, 0, run.compute_taus, 0))
-        run.send(int(self.state.rng.integers(run.n)))
+        run.send(self._draw(run))
 
     def on_rejected(self, run: Run, comp: Completion) -> None:
-        run.send(int(self.state.rng.integers(run.n)))
+        run.send(self._draw(run))
+
+    def _draw(self, run: Run) -> int:
+        """A worker drawn uniformly at random among the active ones (all, unless one was set aside)."""
+        table = run.compute_taus
+        active = [w for w in range(run.n) if table.active[w]] if table.n_active < run.n else []
+        if not active:
+            return int(self.state.rng.integers(run.n))
+        return active[int(self.state.rng.integers(len(active)))]

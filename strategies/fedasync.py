@@ -41,6 +41,7 @@ class FedAsync(AsyncStrategy):
 
     name = "fedasync"
     default_reply = "model"
+    uses_lr = False
 
     def __init__(self, *, mixing: float = 0.6, staleness: str = "polynomial", a: float = 0.5, b: int = 4,
                  **kwargs: Any) -> None:

@@ -48,6 +48,7 @@ class FedBuff(AsyncStrategy):
 
     name = "fedbuff"
     default_reply = "model"
+    uses_lr = False
     State = FedBuffState
 
     def __init__(self, *, buffer_size: int = 10, server_lr: float = 1.0, staleness_exponent: float = 0.5,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -9,6 +10,10 @@ from fl_rescaled.algorithm import Run
 from fl_rescaled.stepsizes import TauTable, check_weights, rescaled
 
 from .asgd import ASGD
+
+
+#: FedAsync's default mixing weight, whose pace Rescaled ASGD's default α matches for model replies.
+FEDASYNC_MIXING = 0.6
 
 
 class RescaledASGD(ASGD):
@@ -46,7 +51,13 @@ class RescaledASGD(ASGD):
 
     With ``reply="model"`` (an unchanged FedAvg ClientApp that returns its trained model) the
     same weights are applied to the pseudo-gradients Δ_i = x_sent − y_i, so fast clients still
-    pull no harder than slow ones. What it converges to: with H local SGD steps at rate η on
+    pull no harder than slow ones. The default α then moves the model per unit of time as far as
+    FedAsync's default does: per unit of time Rescaled's steps add up to α / p_max, FedAsync's to
+    R · 0.6 · (δ + 1)^(−1/2) (its replies, R = Σ 1/p_i = N / p_H per unit of time, each mixed in
+    with weight 0.6 discounted by its staleness δ, about C − 1 with C jobs in flight), so
+    α = 0.6 · N · p_max / (p_H · √C), from the run's own p_i at its start (α = 1 moves the model
+    one all-client round per p_max: far slower), and at most 1 / max w_i (N with equal weights), so
+    that no reply moves the model past the client's own model (the rarest client's step is then 1). What it converges to: with H local SGD steps at rate η on
     F_i(x) = a_i ‖x − b_i‖², Δ_i = c_i (x − b_i) with c_i = 1 − (1 − 2 η a_i)^H, and the fixed point
     is Σ w_i c_i b_i / Σ w_i c_i. With equal curvature (all c_i equal) that is the equal-weight
     point Σ w_i b_i; otherwise the c_i are the local-steps drift that FedAvg has too (clients with
@@ -67,6 +78,7 @@ class RescaledASGD(ASGD):
     """
 
     name = "rescaled"
+    uses_tau = True
 
     def __init__(self, *, weights: Sequence[float] | None = None, by: str = "rate", max_ratio: float | None = 10.0,
                  **kwargs: Any) -> None:
@@ -78,6 +90,19 @@ class RescaledASGD(ASGD):
 
     def table(self, run: Run) -> TauTable:
         return run.taus if self.by == "rate" else run.compute_taus
+
+    @property
+    def lr_per_run(self) -> bool:
+        return not self.lr_given and self.reply == "model"
+
+    def cycle_stepsize(self, run: Run) -> float:
+        """``lr`` if given; else 1 (gradient replies), or FedAsync's pace for model replies (above)."""
+        if self.lr_given or self.reply == "gradient":
+            return self.lr
+        taus = self.table(run)
+        spread = taus.tau_max / taus.tau_h if taus.tau_max > 0 and taus.tau_h > 0 else 1.0  # (1: no estimate yet)
+        ceiling = 1.0 / max(self.weights) if self.weights is not None else float(run.n)
+        return min(FEDASYNC_MIXING * run.n * spread / math.sqrt(run.concurrency), ceiling)
 
     def target_weights(self) -> Sequence[float] | None:
         return self.weights

@@ -11,7 +11,8 @@ from fl_rescaled.algorithm import Run
 from fl_rescaled.manager import Completion
 
 from .aggregate import average_of_means
-from .base import AsyncStrategy, every_worker_each_round
+from .base import AsyncStrategy
+from .checks import every_worker_each_round
 
 
 @dataclass

@@ -82,7 +82,10 @@ def w_of(result) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------- layout
-@pytest.mark.parametrize("make", [lambda: FedBuff(buffer_size=2), lambda: FedAsync(), lambda: RescaledASGD(reply="model")])
+# (Rescaled with α = 1: the landing point holds for small steps; its default, FedAsync's pace, is
+# large enough that the iterate swings around it, by 0.2 after 60 updates here.)
+@pytest.mark.parametrize("make", [lambda: FedBuff(buffer_size=2), lambda: FedAsync(),
+                                  lambda: RescaledASGD(reply="model", lr=1.0)])
 def test_an_unchanged_fedavg_clientapp_trains_in_its_own_layout(make):
     strategy = make()
     result = strategy.start(grid=grid_of(fedavg_client()), initial_arrays=initial(),
@@ -220,8 +223,9 @@ def test_num_updates_stops_exactly_and_ten_evaluations_by_default():
         evaluate_fn=lambda step, arrays: seen.append(step) or MetricRecord({"w0": float(arrays["w"].numpy()[0, 0])}))
     assert result.books["updates"] == 37
     assert seen == list(range(11))  # the start, then every 4 updates (⌈37/10⌉), and the end
-    updates = [int(result.evaluate_metrics_serverapp[s]["updates"]) for s in seen]
-    assert updates[0] == 0 and updates[-1] == 37 and updates == sorted(updates)
+    updates = [int(result.progress[s]["updates"]) for s in seen]
+    assert updates == [0, 4, 8, 12, 16, 20, 24, 28, 32, 36, 37]  # every ⌈37/10⌉ updates, and the end
+    assert set(result.evaluate_metrics_serverapp[0]) == {"w0"}  # the user's own metrics, nothing mixed in
     with pytest.raises(ValueError, match="budget"):
         RescaledASGD().start(grid=grid_of(fedavg_client()), initial_arrays=initial())
 
@@ -232,15 +236,46 @@ def test_time_budget_gives_ten_evaluation_points_and_weighted_reply_metrics():
                                                      train_config={"lr": 0.05}, time_budget=20.0,
                                                      partition_query=True)
     assert sorted(result.train_metrics_clientapp) == list(range(1, 11))
-    for rec in result.train_metrics_clientapp.values():
+    for step, rec in result.train_metrics_clientapp.items():
         # Every worker replied equally often: the mean of "partition" weighted by num-examples = pid + 1.
         assert rec["partition"] == pytest.approx((0 * 1 + 1 * 2 + 2 * 3) / 6)
-        assert rec["num-examples"] == 6 * rec["replies"] / 3  # the weights are summed, not averaged
-        assert "train_loss" in rec and rec["time"] > 0
+        # As FedAvg aggregates: the weight key is left out, nothing of ours is mixed in.
+        assert set(rec) == {"partition", "train_loss"}
+        progress = result.progress[step]
+        assert progress["replies"] > 0 and progress["time"] == pytest.approx(2.0 * step)
     fed = result.evaluate_metrics_clientapp
     assert sorted(fed) == list(range(11))
-    assert all(rec["num-examples"] == 2 for rec in fed.values())  # 2 of the 3 nodes evaluate each time
-    assert all(np.isfinite(rec["eval_loss"]) and rec["updates"] >= 0 for rec in fed.values())
+    assert all(set(rec) == {"eval_loss"} and np.isfinite(rec["eval_loss"]) for rec in fed.values())
+
+
+def test_fedavgs_metric_keywords_aggregate_as_fedavg_does_lists_included():
+    """train_metrics_aggr_fn / evaluate_metrics_aggr_fn get the window's replies as FedAvg hands them
+    a round's (RecordDicts, the weight key); min_evaluate_nodes sets how many nodes evaluate; with
+    no function, a list metric is averaged element by element, weighted by num-examples."""
+    seen: dict[str, list[int]] = {"train": [], "evaluate": []}
+
+    def count(kind):
+        def aggregate(records, key):
+            assert key == "num-examples" and all(isinstance(r, RecordDict) for r in records)
+            seen[kind].append(len(records))
+            return MetricRecord({"replies": len(records)})
+        return aggregate
+
+    grid = grid_of(fedavg_client(hello=True, evaluate=True), taus=(1.0, 1.0, 1.0))
+    result = FedAsync(fraction_evaluate=0.1, min_evaluate_nodes=2, train_metrics_aggr_fn=count("train"),
+                      evaluate_metrics_aggr_fn=count("evaluate")).start(
+        grid=grid, initial_arrays=initial(), train_config={"lr": 0.05}, time_budget=20.0, partition_query=True)
+    assert seen["evaluate"] == [2] * 11  # max(min_evaluate_nodes, ⌊0.1 · 3⌋) = 2 nodes, every point
+    assert seen["train"] == [6] * 10  # 3 nodes, τ = 1, 2 time units per window
+    assert all(rec["replies"] == 6 for rec in result.train_metrics_clientapp.values())
+
+    from fl_rescaled.reporting import MetricWindow
+
+    w = MetricWindow("num-examples")
+    w.add({"num-examples": 1, "per-class": [1.0, 0.0], "loss": 2.0})
+    w.add({"num-examples": 3, "per-class": [0.0, 1.0], "loss": 4.0})
+    w.add({"num-examples": 2, "per-class": [1.0, 2.0, 3.0], "loss": float("nan")})  # another length; NaN: dropped
+    assert w.record() == {"per-class": [0.25, 0.75], "loss": 3.5}
 
 
 def test_default_clock_virtual_in_process_wall_on_a_threaded_grid_budget_from_first_job():
@@ -302,3 +337,47 @@ def test_rescaled_with_model_replies_and_unequal_curvature_has_the_local_steps_d
     exact = (1 * 4.0 + 4 * -3.0) / 5  # the minimiser of F_1 + F_2
     assert abs(drift - exact) > 0.2
     assert _quadratic("rescaled", a, taus) == pytest.approx(drift, abs=0.02)
+
+
+def test_a_reply_in_a_wider_dtype_is_never_narrowed_a_narrower_one_is_cast_up():
+    """As FedAvg's averaging promotes: a float32 reply to a float64 model is cast up and applied; a
+    float64 reply to a float32 model (or floats for an integer array) is refused, naming both dtypes."""
+    from fl_rescaled.errors import RejectedReply
+    from fl_rescaled.layout import ModelLayout
+
+    wide, _, _ = ModelLayout.of(ArrayRecord({"w": Array(np.zeros(3)), "n": Array(np.zeros(1, np.int64))}))
+    narrow, _, _ = ModelLayout.of(ArrayRecord({"w": Array(np.zeros(3, np.float32))}))
+    up = ArrayRecord({"w": Array(np.full(3, 0.1, np.float32)), "n": Array(np.ones(1, np.int32))})
+    flat, carried = wide.flatten(up)
+    assert flat.dtype == np.float64 and flat.tolist() == [float(np.float32(0.1))] * 3
+    assert carried["n"].dtype == np.int64 and carried["n"].tolist() == [1]
+    for layout, rec in ((narrow, ArrayRecord({"w": Array(np.zeros(3))})),
+                        (wide, ArrayRecord({"w": Array(np.zeros(3)), "n": Array(np.ones(1))}))):
+        with pytest.raises(RejectedReply, match="never narrowed") as info:
+            layout.flatten(rec)
+        assert info.value.reason == "wrong-dtype"
+
+
+def test_a_wall_clock_time_budget_starts_when_the_first_node_is_ready():
+    """On Flower's runtimes the nodes take a while to start (Ray's actors, a SuperNode's process):
+    the budget starts at the first reply, so a budget shorter than the start-up still trains, and
+    the first evaluation point already has updates. (Each node here sleeps 0.5 s before its first
+    job, longer than the whole 0.3 s budget; before the budget started at the first reply this run
+    ended with no update at all.)"""
+    inner, started = fedavg_client(), set()
+
+    class SlowStart(ClientApp):
+        def __call__(self, message, context):
+            if context.node_id not in started:
+                started.add(context.node_id)
+                time.sleep(0.5)
+            return inner(message, context)
+
+    grid = grid_of(SlowStart(), threaded=True)
+    try:
+        result = RescaledASGD(reply="model").start(grid=grid, initial_arrays=initial(), train_config={"lr": 0.05},
+                                                   time_budget=0.3)
+    finally:
+        grid.close()
+    assert result.books["updates"] > 0
+    assert result.progress[1]["updates"] >= 1  # the first reply was applied at t = 0, before point 1

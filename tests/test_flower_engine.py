@@ -31,6 +31,11 @@ QUAD_SPECS = {
     "ringleader": RunSpec(strategy="ringleader", budget=30.0, **_QUAD),
     # rounds that cancel the jobs still running (their replies must be ignored on any transport)
     "malenia": RunSpec(strategy="malenia", budget=20.0, **_QUAD),
+    # a population: 3 of 8 clients training at a time, drawn when a slot frees, lognormal speeds,
+    # clients going offline (jobs lost) and coming back
+    "population": RunSpec(task="quadratic", strategy="rescaled", options={"concurrency": 3}, num_clients=8,
+                          delays="lognormal", availability="daily", availability_period=10.0, lr=0.2, noise=0.5,
+                          quad_dim=2, seed=5, budget=30.0, eval_every=5.0),
 }
 # Ten clients, harmonic τ = 1,1,2,2,...,16,16 (fixed): ~20 updates; evaluated at 0 and at the end.
 MNIST_SPEC = RunSpec(task="mnist", strategy="rescaled", lr=0.5, num_clients=10, budget=6.0, eval_every=6.0, seed=1)
@@ -86,8 +91,8 @@ def assert_same_run(ref: dict, ref_x: np.ndarray, out: dict, x: np.ndarray, atol
     assert out["num_updates"] == ref["num_updates"] > 0
     assert out["updates_per_worker"] == ref["updates_per_worker"]
     assert out["discarded_per_worker"] == ref["discarded_per_worker"]
-    assert out["lost_per_worker"] == ref["lost_per_worker"] == [0] * len(ref["lost_per_worker"])
-    assert out["rejected"] == ref["rejected"] == {}
+    assert out["lost_per_worker"] == ref["lost_per_worker"]  # (offline clients only: nothing else is lost)
+    assert out["rejected"] == ref["rejected"] and set(ref["rejected"]) <= {"offline"}
     assert out["final_time"] == ref["final_time"]
     np.testing.assert_allclose(out["cumulative_stepsize"], ref["cumulative_stepsize"], rtol=1e-12)
     assert [h["time"] for h in out["history"]] == [h["time"] for h in ref["history"]]
@@ -193,3 +198,34 @@ def test_a_user_app_on_flowers_engine_gets_its_context_and_run_config():
     # delta is half the distance from a model sent between 0 and 3.
     w = result.arrays["w"].numpy()
     assert np.all(w > 1.0) and np.all(w < 4.5)
+
+
+def test_the_clientapps_own_exception_text_reaches_run_failed_on_the_engine():
+    """On the Simulation Engine an error reply's reason is a Ray traceback whose last line is only
+    Flower's wrapper (``ClientAppException:``); the run names the ClientApp's own exception."""
+    from flwr.app import Array, ArrayRecord, Context, Message
+    from flwr.clientapp import ClientApp
+    from flwr.serverapp import Grid, ServerApp
+
+    from fl_rescaled import FedBuff, RunFailed
+    from fl_rescaled.flower_sim import FlowerRunError, run_on_flower_engine
+
+    client = ClientApp()
+
+    @client.train()
+    def train(msg: Message, context: Context) -> Message:
+        raise KeyError(str(msg.content["config"].get("missing", "learning-rate")))
+
+    server = ServerApp()
+
+    @server.main()
+    def main(grid: Grid, context: Context) -> None:
+        FedBuff(buffer_size=2, fraction_evaluate=0.0).start(
+            grid=grid, initial_arrays=ArrayRecord({"w": Array(np.zeros(2))}), train_config={"lr": 0.25},
+            num_updates=4)
+
+    with pytest.MonkeyPatch.context() as mp, pytest.raises(FlowerRunError) as info:
+        mp.setattr("flwr.supercore.telemetry.FLWR_TELEMETRY_ENABLED", "0")
+        run_on_flower_engine(server, client, 2)
+    assert isinstance(info.value.__cause__, RunFailed)
+    assert "error-code-2): KeyError: 'learning-rate'" in str(info.value.__cause__)

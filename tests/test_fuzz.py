@@ -7,10 +7,20 @@ names, missing or extra arrays, shapes, dtypes, NaN/inf, bytes that are not ``.n
 serialisations, declared shapes of 10^12 elements, a 16 MB payload, an error reply, no content, a
 wrong message type), plus duplicates and replies to jobs never sent, slipped in at pull time. The
 oracle is per event: a valid reply is applied; any other is rejected with a reason of its kind and
-the model is bit for bit what it was; the books balance at the end, and the run either reaches its
-budget or stops with ``RunFailed`` (the loud failure), never with another exception. Four setups:
-Rescaled ASGD on one float64 array (the hot path), Rescaled ASGD and FedBuff taking trained models
-of a float32 model with an int64 counter (BatchNorm-like), Malenia SGD on the layered model taking gradients (rounds, cancelled jobs).
+the model is bit for bit what it was (unless that rejection set its worker aside, the third in a
+row: a round that waited for it may then close with the others' updates); the books balance at the
+end, and the run either reaches its budget or stops with ``RunFailed`` (the loud failure), never
+with another exception. Four setups on the virtual clock: Rescaled ASGD on one float64 array (the hot path), Rescaled ASGD and FedBuff
+taking trained models of a float32 model with an int64 counter (BatchNorm-like), Malenia SGD on the
+layered model taking gradients (rounds, cancelled jobs); and two on the wall clock (a threaded
+in-process Grid whose nodes take a few milliseconds per job): Rescaled ASGD, and Malenia SGD, whose
+rounds cancel jobs whose replies may already have come (their compute time is read from them,
+``WallSource.cancel_reply_time``). Replies with
+hostile metrics (NaN, ±inf, a negative or fractional ``num-examples``, a ``compute-time`` of 1e9,
+NaN or −5, text, booleans, an int beyond any float, a ``$`` key, a ConfigRecord ``compute-time``)
+must be applied with those metrics dropped: every metric a completion carries is a finite number
+or a list of them. Valid replies of extreme size may instead be rejected as outliers
+(``fl_rescaled.bounds``).
 
 **Flags and run-config keys.** Every ``run_sim.py`` flag and every Flower run-config key gets drawn
 values (numbers of every size and sign, NaN, inf, lists, text, empty): parsing and validation
@@ -18,8 +28,8 @@ either give a run or a ``ValueError`` that becomes exit status 2 with one line. 
 command lines also run end to end (on the quadratic, small budgets) through ``cli.main``: exit 0,
 1 (run failed, one line) or 2 (one line), never a traceback.
 
-How many cases the suite tries is ``FUZZ_CASES`` below (3,240; the README quotes it): the same
-cases on every run (derandomised), about 80 s on the 2-core development machine. The tests at the end
+How many cases the suite tries is ``FUZZ_CASES`` below (3,540; the README quotes it): the same
+cases on every run (derandomised), about two minutes on the 2-core development machine. The tests at the end
 are the inputs that fuzzing found broken, one each, kept as regression tests.
 """
 
@@ -28,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import io
 import math
+import time
 
 import numpy as np
 import pytest
@@ -37,17 +48,21 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from fl_rescaled.manager import OnEvent
-from fl_rescaled import DelayModel, FedBuff, InProcessGrid, MaleniaSGD, RescaledASGD, RunFailed, VirtualClock
+from fl_rescaled.manager.manager import SET_ASIDE_AFTER
+from fl_rescaled import (DelayModel, FedBuff, InProcessGrid, MaleniaSGD, RescaledASGD, RunFailed, VirtualClock,
+                         WallClock)
 from fl_rescaled import cli
 from fl_rescaled.layout import encode_array
 from fl_rescaled.server_app import STRATEGY_OPTIONS_KEY, run_config_keys, spec_from_run_config
 from fl_rescaled.strategies import STRATEGIES, options
 
 REPLIES_PER_SETUP = 300
+WALL_REPLIES_PER_SETUP = 150
+WALL_BUDGET = 100  # milliseconds of each wall-clock case (WallClock(0.001))
 FLAG_CASES = 1000
 CONFIG_CASES = 1000
 MAIN_CASES = 40
-FUZZ_CASES = 4 * REPLIES_PER_SETUP + FLAG_CASES + CONFIG_CASES + MAIN_CASES
+FUZZ_CASES = 4 * REPLIES_PER_SETUP + 2 * WALL_REPLIES_PER_SETUP + FLAG_CASES + CONFIG_CASES + MAIN_CASES
 
 
 
@@ -66,7 +81,16 @@ REASONS = {
     "huge-shape": {"malformed", "wrong-shape"}, "huge-payload": {"wrong-shape"},
     "error": {f"error-code-{c}" for c in range(0, 1000)}, "empty": {"malformed"}, "wrong-type": {"wrong-type"},
 }
-VALID = ("valid", "valid-reordered", "valid-renamed-record", "valid-odd-metrics", "valid-extreme")
+VALID = ("valid", "valid-reordered", "valid-renamed-record", "valid-odd-metrics", "valid-hostile-metrics",
+         "valid-extreme")
+#: What a valid reply may also be rejected as: an update of 1e30 or 1e200 among updates of about 1 is
+#: an outlier (unless it is the run's first, which has nothing to be compared with).
+VALID_REASONS = {"valid-extreme": {"outlier"}}
+#: Metrics a ClientApp could send (some only in-process, past MetricRecord's type check).
+HOSTILE_METRICS = [("compute-time", 1e9), ("compute-time", math.nan), ("compute-time", -5.0), ("num-examples", 2.5),
+                   ("num-examples", math.inf), ("num-examples", -1), ("$array", 1.0), ("$bytes", [1.0]),
+                   ("text", "abc"), ("flag", True), ("huge", 10**400), ("mixed", [1.0, "a"]), ("nan-list", [math.nan]),
+                   ("loss", -math.inf), ("ok-list", [0.5, 2]), ("ok", 3)]
 KINDS = VALID + tuple(REASONS)
 
 SINGLE = {"model": np.linspace(-1.0, 1.0, 6)}  # one float64 array: the hot path
@@ -78,6 +102,11 @@ SETUPS = {
     "fedbuff-model": (LAYERED, lambda: FedBuff(buffer_size=2)),
     "malenia-gradient": (LAYERED, lambda: MaleniaSGD(lr=0.05)),
 }
+WALL_SETUPS = {
+    "rescaled-wall": (SINGLE, lambda: RescaledASGD(lr=0.05)),
+    "malenia-wall": (LAYERED, lambda: MaleniaSGD(lr=0.05)),
+}
+SETUPS.update(WALL_SETUPS)
 
 reply_plans = st.dictionaries(st.integers(0, 14), st.tuples(st.sampled_from(KINDS), st.integers(0, 2**32 - 1)),
                               max_size=10)
@@ -121,6 +150,10 @@ def build_reply(msg: Message, kind: str, seed: int, reply: str) -> Message:
         metrics = {"loss": float("nan"), "num-examples": -3, "acc": float("inf"), "x": [1.0, float("nan")],
                    "n": 2**63 - 1, "compute-time": -1.0}
         content["cfg"] = ConfigRecord({"note": "hello", "n": 2**62})
+    elif kind == "valid-hostile-metrics":
+        picks = rng.choice(len(HOSTILE_METRICS), size=int(rng.integers(1, 6)), replace=False)
+        metrics = {}
+        content["cfg"] = ConfigRecord({"compute-time": "abc"})
     elif kind == "key-renamed":
         arrays[target + "_renamed"] = arrays.pop(target)
     elif kind == "key-missing":
@@ -135,7 +168,7 @@ def build_reply(msg: Message, kind: str, seed: int, reply: str) -> Message:
         arrays[target] = encode_array(np.ascontiguousarray(bad))
     elif kind == "wrong-dtype":
         choices = [d for d in ("float16", "float32", "float64", "int32", "int64", "uint8", "bool", "complex64")
-                   if np.dtype(d) != values[target].dtype]
+                   if not np.can_cast(np.dtype(d), values[target].dtype, "safe")]  # (a safe cast is applied)
         with np.errstate(invalid="ignore", over="ignore"):  # (values beyond an integer type: any bits do)
             arrays[target] = encode_array(values[target].astype(choices[int(rng.integers(len(choices)))]))
     elif kind == "non-finite":
@@ -169,6 +202,10 @@ def build_reply(msg: Message, kind: str, seed: int, reply: str) -> Message:
         del content[record_name]
     if kind != "empty":
         content["metrics"] = MetricRecord(metrics)
+    if kind == "valid-hostile-metrics":  # (past MetricRecord's own type check, as an in-process reply can be)
+        for i in picks:
+            key, value = HOSTILE_METRICS[int(i)]
+            content["metrics"]._data[key] = value
     if kind == "error":
         out = Message(Error(code=int(rng.integers(0, 1000)), reason=str(rng.bytes(8))), reply_to=msg)
     else:
@@ -184,12 +221,13 @@ def _never(msg, context):  # the Grid below answers every job itself
 
 class FuzzGrid(InProcessGrid):
     """Answers job number j with the reply ``plan[j]`` describes (valid when absent); slips in a
-    duplicate of, or a stray reply next to, the reply of the jobs ``extras`` names."""
+    duplicate of, or a stray reply next to, the reply of the jobs ``extras`` names. ``threaded``: one
+    thread per node (the wall clock), node i taking (i + 1) ms per job."""
 
-    def __init__(self, plan, extras, reply):
+    def __init__(self, plan, extras, reply, threaded=False):
         app = ClientApp()
         app.train()(_never)
-        super().__init__(app, 3)
+        super().__init__(app, 3, threaded=threaded)
         self.plan, self.extras, self.reply = plan, dict(extras), reply
         self.job_of: dict[str, int] = {}
         self.injected = {"duplicate": 0, "unknown-job": 0}
@@ -203,6 +241,8 @@ class FuzzGrid(InProcessGrid):
         return ids
 
     def _execute(self, msg):
+        if self.threaded:
+            time.sleep(0.001 * (1 + self.node_ids.index(msg.metadata.dst_node_id)))
         if msg.metadata.message_type != "train":  # federated evaluation: a plain answer
             rep = Message(RecordDict({"metrics": MetricRecord({"loss": 0.5, "num-examples": 10})}), reply_to=msg)
             rep.metadata.__dict__["_message_id"] = f"r{msg.metadata.message_id}"
@@ -230,33 +270,54 @@ class FuzzGrid(InProcessGrid):
         return out
 
 
+def clean_metrics(metrics: dict) -> bool:
+    """Every metric a finite number or a list of them; a count a non-negative int; a time ≥ 0."""
+    def number(v):
+        return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+    for key, v in metrics.items():
+        if key.startswith("$"):
+            return False
+        if not (all(number(x) for x in v) if isinstance(v, list) else number(v)):
+            return False
+    ok_count = "num-examples" not in metrics or (type(metrics["num-examples"]) is int and metrics["num-examples"] >= 0)
+    return ok_count and metrics.get("compute-time", 0.0) >= 0
+
+
 def fuzz_run(setup: str, plan, extras) -> list[str]:
     template, make = SETUPS[setup]
     s = make()
-    grid = FuzzGrid(plan, extras, s.reply)
+    wall = setup.endswith("-wall")
+    grid = FuzzGrid(plan, extras, s.reply, threaded=wall)
     events = []
     prev = {"x": None}
 
     def on_event(comp, x):
-        events.append((comp.job.job_id, comp.rejected, prev["x"], x.copy()))
+        manager = s.last_run.manager  # (set aside by this rejection: a round may close without it)
+        aside = manager.books.strikes[comp.worker] == SET_ASIDE_AFTER and not manager.is_online(comp.worker)
+        events.append((comp.job.job_id, comp.rejected, prev["x"], x.copy(), dict(comp.metrics), aside))
         prev["x"] = x.copy()
 
     initial = ArrayRecord({k: Array(v) for k, v in template.items()})
+    clock = WallClock(0.001) if wall else VirtualClock(DelayModel([1.0, 2.0, 3.0]))
     try:
-        s.start(grid, initial, time_budget=10, clock=VirtualClock(DelayModel([1.0, 2.0, 3.0])),
-                observers=[OnEvent(on_event)])
+        s.start(grid, initial, time_budget=WALL_BUDGET if wall else 10, clock=clock, observers=[OnEvent(on_event)])
     except RunFailed as exc:
         assert "cannot make progress" in str(exc)
+    finally:
+        grid.close()
     seen = []
-    for job, rejected, before, after in events:
+    for job, rejected, before, after, metrics, aside in events:
         kind = plan.get(job, ("valid", 0))[0]
         seen.append(f"{kind} -> {'error-code-N' if (rejected or '').startswith('error-code') else rejected or 'applied'}")
-        if kind in VALID:
-            assert rejected is None, (setup, job, kind, rejected, s.last_run.manager.books.first_failure)
+        if kind in VALID and rejected is None:
+            assert clean_metrics(metrics), (setup, job, kind, metrics)
+        elif kind in VALID:
+            assert rejected in VALID_REASONS.get(kind, ()), (setup, job, kind, rejected,
+                                                             s.last_run.manager.books.first_failure)
         else:
             assert rejected in REASONS[kind], (setup, job, kind, rejected)
-            if before is not None:
-                assert before.tobytes() == after.tobytes(), (setup, job, kind)
+        if rejected is not None and before is not None and not aside:
+            assert before.tobytes() == after.tobytes(), (setup, job, kind)
     books = s.last_run.manager.books
     assert books.stray.get("duplicate", 0) == grid.injected["duplicate"]
     assert books.stray.get("unknown-job", 0) == grid.injected["unknown-job"]
@@ -264,11 +325,19 @@ def fuzz_run(setup: str, plan, extras) -> list[str]:
     return seen
 
 
-@pytest.mark.parametrize("setup", list(SETUPS))
+@pytest.mark.parametrize("setup", [name for name in SETUPS if name not in WALL_SETUPS])
 @fuzz(REPLIES_PER_SETUP)
 @given(plan=reply_plans, extras=extras)
 def test_only_a_valid_reply_moves_the_model(setup, plan, extras):
     for what in fuzz_run(setup, plan, extras):  # (statistics: pytest --hypothesis-show-statistics)
+        event(what)
+
+
+@pytest.mark.parametrize("setup", list(WALL_SETUPS))
+@fuzz(WALL_REPLIES_PER_SETUP)
+@given(plan=reply_plans, extras=extras)
+def test_only_a_valid_reply_moves_the_model_on_the_wall_clock(setup, plan, extras):
+    for what in fuzz_run(setup, plan, extras):
         event(what)
 
 

@@ -22,6 +22,36 @@ def test_nodes_have_partition_contexts_and_answer_hello():
     assert list(grid.pull_messages(ids)) == []  # each reply is returned once
 
 
+def test_a_large_population_keeps_only_the_contexts_its_clientapp_changed():
+    """Above KEEP_ALL_CONTEXTS nodes a context left as it was made is dropped after its message (it
+    would be remade alike); one whose state the ClientApp wrote to is kept, state and all."""
+    from fl_rescaled.grid import KEEP_ALL_CONTEXTS
+
+    counting = ClientApp()
+
+    @counting.query()
+    def query(msg, ctx):
+        if int(ctx.node_config["partition-id"]) % 2:  # odd partitions keep a counter
+            seen = int(ctx.state["c"]["n"]) + 1 if "c" in ctx.state else 1
+            ctx.state["c"] = ConfigRecord({"n": seen})
+        return Message(RecordDict({"c": ConfigRecord({"n": int(ctx.state["c"]["n"]) if "c" in ctx.state else 0})}),
+                       reply_to=msg)
+
+    n = KEEP_ALL_CONTEXTS + 4
+    grid = InProcessGrid(counting, n, node_configs=[{"tau": 1.0 + i} for i in range(n)])
+    picked = [grid.node_ids[i] for i in range(10)]
+    for _ in range(3):
+        ids = grid.push_messages([Message(RecordDict(), nid, "query") for nid in picked])
+        replies = {r.metadata.src_node_id: int(r.content["c"]["n"]) for r in grid.pull_messages(ids)}
+    assert [replies[nid] for nid in picked] == [0, 3] * 5  # the odd ones counted on, their state kept
+    assert sorted(grid.contexts) == sorted(picked[1::2])
+    assert grid.node_config(picked[4]) == {"partition-id": 4, "num-partitions": n, "tau": 5.0}
+    small = InProcessGrid(counting, 4)
+    ids = small.push_messages([Message(RecordDict(), nid, "query") for nid in small.node_ids])
+    list(small.pull_messages(ids))
+    assert len(small.contexts) == 4  # a small population keeps every context, as Flower's engine does
+
+
 def test_client_exception_becomes_error_reply():
     bad = ClientApp()
 

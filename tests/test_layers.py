@@ -21,7 +21,7 @@ SOURCES = {"fl_rescaled": ROOT / "fl_rescaled", "fl_rescaled.strategies": ROOT /
 CORE = {"clock", "errors", "timeline", "layout", "messages", "stepsizes", "manager", "grid", "grid_api", "inprocess", "tasks", "data",
         "codec", "reporting", "runstate", "driver", "algorithm", "settings", "delays", "speeds", "availability",
         "traces",
-        "metrics", "checkpoints"}
+        "metrics", "checkpoints", "bounds"}
 APPLICATION = {"runspec", "experiment", "flower_sim", "server_app", "paper"}
 RANK = {"core": 0, "strategies": 1, "clients": 1, "application": 2, "cli": 3}
 LAZY_OK = ("torch", "torchvision", "matplotlib", "flwr.simulation")

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 
-from fl_rescaled import DelayModel, InProcessGrid, RescaledASGD, VirtualClock
+from fl_rescaled import DelayModel, InProcessGrid, MaleniaSGD, RescaledASGD, VirtualClock, WallClock
 from fl_rescaled.clients.client_app import app
 from fl_rescaled.layout import encode_array
 from fl_rescaled.manager import OnEvent
@@ -44,8 +45,8 @@ class FaultyGrid(InProcessGrid):
             bad = _with_update(msg, encode_array(np.array([1.0, np.inf, 0.0, 0.0])))
         elif f == "wrong-shape":
             bad = _with_update(msg, encode_array(np.ones(5)))
-        elif f == "wrong-dtype":
-            bad = _with_update(msg, encode_array(np.ones(4, dtype=np.float32)))
+        elif f == "wrong-dtype":  # (a float32 reply would be cast up to the float64 model: this one cannot)
+            bad = _with_update(msg, encode_array(np.ones(4, dtype=np.complex64)))
         elif f == "missing":
             bad = _with_update(msg, None, drop_update=True)
         elif f == "wrong-key":
@@ -152,7 +153,7 @@ def test_reasons_are_specific_and_name_what_was_expected():
         "nan": ("non-finite", "NaN or infinite values in 'model'"),
         "inf": ("non-finite", "NaN or infinite values in 'model'"),
         "wrong-shape": ("wrong-shape", "array 'model' has shape [5], expected [4]"),
-        "wrong-dtype": ("wrong-dtype", "array 'model' is float32, expected float64"),
+        "wrong-dtype": ("wrong-dtype", "array 'model' is complex64, expected float64"),
         "missing": ("malformed", "the reply has no ArrayRecord (expected one named 'arrays')"),
         "wrong-key": ("malformed", "arrays missing 'model'; unexpected 'weights' (the model's arrays are {'model': float64[4]})"),
         "not-npy": ("malformed", "array 'model' cannot be decoded"),
@@ -187,3 +188,89 @@ def test_a_job_of_a_restarted_workers_old_node_is_not_replaced():
     assert run.sent == []
     s.on_rejected(run, SimpleNamespace(worker=0, job=SimpleNamespace(node_id=22)))  # the current node's
     assert run.sent == [0]
+
+
+# ================================================================================ a reply's metrics
+def _metrics_reply(entries: dict, config: dict | None = None) -> RecordDict:
+    """A reply's content whose MetricRecord holds ``entries`` as they are (past MetricRecord's own
+    type check, as an in-process reply can be), with a ConfigRecord ``config`` beside it."""
+    rec = MetricRecord({})
+    for k, v in entries.items():
+        rec._data[k] = v  # noqa: SLF001
+    content = RecordDict({"metrics": rec})
+    if config is not None:
+        content["cfg"] = ConfigRecord(config)
+    return content
+
+
+def test_reply_metrics_keeps_finite_numbers_and_drops_the_rest(caplog):
+    from fl_rescaled.messages import reply_metrics
+
+    caplog.set_level(logging.WARNING, logger="flwr.fl_rescaled")
+    nan, inf = float("nan"), float("inf")
+    content = _metrics_reply({
+        "loss": 0.5, "acc": nan, "top": -inf, "n": 2**63 - 1, "huge": 10**400, "flag": True, "text": "abc",
+        "per-client": [0.1, 0.2], "ints": [1, 2], "bad-list": [1.0, nan], "mixed": [1.0, "a"], "empty": [],
+        "num-examples": 12.0, "compute-time": 1e9, "$array": 1.0,
+    }, config={"compute-time": "abc", "note": "x"})
+    assert reply_metrics(content) == {"loss": 0.5, "n": 2**63 - 1, "per-client": [0.1, 0.2], "ints": [1, 2],
+                                      "empty": [], "num-examples": 12, "compute-time": 1e9}
+    assert type(reply_metrics(content)["num-examples"]) is int
+    for bad in (-3, 2.5, inf, nan, True):
+        assert "num-examples" not in reply_metrics(_metrics_reply({"num-examples": bad}))
+    for bad in (-5.0, nan, inf, -1e-300):
+        assert "compute-time" not in reply_metrics(_metrics_reply({"compute-time": bad}))
+    assert reply_metrics(_metrics_reply({"compute-time": 0.0})) == {"compute-time": 0.0}
+    caplog.clear()
+    reply_metrics(_metrics_reply({"acc2": nan}))
+    reply_metrics(_metrics_reply({"acc2": nan}))
+    assert sum("acc2" in r.message for r in caplog.records) == 1  # logged once
+
+
+@pytest.mark.parametrize("reported", [1e9, float("nan"), -5.0, "abc", None])
+def test_a_cancelled_replys_compute_time_is_clamped_to_what_the_server_saw(reported):
+    """The wall clock books a cancelled job's reply as wasted work: a reported time beyond what the
+    server observed (1e9), not a number, negative, text (a ConfigRecord's) or missing counts as the
+    time from dispatch to reply."""
+    from fl_rescaled.grid import set_server_identity
+    from fl_rescaled.manager import Job, WallSource
+
+    set_server_identity(1)  # (to build a Message outside a Grid)
+
+    entries = {} if reported is None or isinstance(reported, str) else {"compute-time": reported}
+    config = {"compute-time": reported} if isinstance(reported, str) else None
+    rep = Message(_metrics_reply(entries, config), reply_to=Message(RecordDict(), 1, "train"))
+    src = WallSource(WallClock(0.5), transport=None, membership=None)  # (only its clock is used here)
+    job = Job(0, 0, 0, 0, 0.0, pushed_at=time.monotonic() - 0.2)
+    spent = src.cancel_reply_time(job, rep)
+    assert 0.2 / 0.5 <= spent <= (time.monotonic() - job.pushed_at) / 0.5
+
+
+def test_malenia_on_the_wall_clock_survives_hostile_metrics_in_cancelled_replies():
+    """Malenia's rounds cancel jobs whose replies still come (the wall clock): a reply with a
+    ConfigRecord ``compute-time`` of "abc" and MetricRecord values of 1e9, NaN or −5 goes through the
+    same validation as any other, and the run ends with its books balanced."""
+    from flwr.clientapp import ClientApp
+
+    values = [1e9, float("nan"), -5.0]
+
+    def train(msg, context):
+        i = int(context.node_config["partition-id"])
+        time.sleep(0.002 * (1 + 2 * i))
+        g = msg.content["arrays"]["model"].numpy() - i
+        content = _metrics_reply({"compute-time": values[int(msg.content["config"]["job-seq"]) % 3],
+                                  "num-examples": 1}, {"compute-time": "abc"})
+        content["arrays"] = ArrayRecord({"model": Array(g)})
+        return Message(content, reply_to=msg)
+
+    client = ClientApp()
+    client.train()(train)
+    grid = InProcessGrid(client, 3, threaded=True)
+    try:
+        s = MaleniaSGD(lr=0.5)
+        res = s.start(grid, ArrayRecord({"model": Array(np.zeros(2))}), time_budget=300, clock=WallClock(0.001))
+    finally:
+        grid.close()
+    books = dict(res.books)
+    assert books["balanced"] == 1 and books["updates"] > 0 and books["discarded"] > 0
+    assert np.isfinite(s.last_run.manager.books.wasted).all() and (s.last_run.manager.books.wasted >= 0).all()

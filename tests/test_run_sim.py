@@ -84,6 +84,25 @@ def test_short_mnist_run_lowers_training_loss(mnist_cache, tmp_path):
     assert out["num_updates"] == 2 * (300 + 150 + 75 + 37 + 18)
 
 
+@pytest.mark.mnist
+def test_more_clients_than_the_data_can_split_is_refused_before_the_run(mnist_cache):
+    r = cli("--num-clients", "70000", "--concurrency", "100", "--budget", "5")
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "70000 clients" in lines[0] and "quadratic" in lines[0], r.stderr
+    assert "70,000 clients" in r.stdout and len(r.stdout) < 1000  # the log line summarises the τ
+
+
+def test_a_population_of_100000_clients_runs_from_the_command_line():
+    r = cli("--task", "quadratic", "--strategy", "rescaled", "--num-clients", "100000", "--concurrency", "1000",
+            "--budget", "8", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    books = out["books"]
+    assert out["num_clients"] == 100000 and books["balanced"] == 1 and books["in-flight"] == 1000
+    assert 600 < out["num_updates"] == books["replies-accepted"]  # ≈ C · budget / mean τ = 1000 · 8 / 6.2
+
+
 def test_checkpoint_roundtrip(tmp_path):
     import numpy as np
 

@@ -18,6 +18,11 @@ def _trim_equal(parts: list[np.ndarray], rng: np.random.Generator) -> list[np.nd
     return out
 
 
+class PartitionError(ValueError):
+    """The data cannot be split as asked (too many clients for the examples): a setting that is
+    infeasible, refused before the run starts."""
+
+
 def _one_class_each(by_class: list[np.ndarray], num_clients: int, min_size: int,
                     rng: np.random.Generator) -> list[np.ndarray]:
     """``alpha == 0``: client i gets class i; clients sharing a class split it after a shuffle."""
@@ -33,7 +38,9 @@ def _one_class_each(by_class: list[np.ndarray], num_clients: int, min_size: int,
                 parts[owner] = np.sort(chunk)
     sizes = [len(p) for p in parts]
     if min(sizes) < min_size:
-        raise ValueError(f"alpha=0 partition leaves a client with {min(sizes)} < {min_size} examples")
+        raise PartitionError(f"{num_clients} clients: the alpha=0 partition (one class per client) of "
+                             f"{sum(len(c) for c in by_class)} examples leaves a client with {min(sizes)} < "
+                             f"{min_size}; use fewer clients (or the quadratic task for a larger population)")
     return parts
 
 
@@ -52,7 +59,7 @@ def _dirichlet(by_class: list[np.ndarray], num_clients: int, alpha: float, min_s
         parts = [np.sort(np.concatenate(b)).astype(np.int64) for b in buckets]
         if min(len(p) for p in parts) >= min_size:
             return parts
-    raise ValueError(
+    raise PartitionError(
         f"no Dirichlet(alpha={alpha}) partition with >= {min_size} examples per client "
         f"after 1000 draws ({num_examples} examples, {num_clients} clients)"
     )

@@ -2,7 +2,8 @@
 
 from .books import Books, is_lost, outcome_of
 from .jobs import NODE_GONE, Completion, Job, zero_nonfinite_replicas
-from .manager import AsyncClientManager, ManagerState
+from .manager import AsyncClientManager
+from .saved import ManagerState
 from .membership import Membership, Roster
 from .observers import ManagerObserver, OnEvent
 from .selection import SameWorker, Selector

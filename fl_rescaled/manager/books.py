@@ -16,6 +16,9 @@ rejected + lost + discarded (cancelled + unused) + in flight. Replies that answe
 (a second reply to the same job, a reply to a job never sent) are not job outcomes: they are
 counted as ``stray.<reason>``.
 
+``strikes`` counts, per worker, its replies rejected in a row (an applied one resets it): the
+manager sets aside a worker with too many (``AsyncClientManager``).
+
 The per-worker numbers are numpy arrays (a population of 100,000 clients costs a few MB).
 """
 
@@ -71,15 +74,18 @@ class Books:
     stepsize_sum: float = 0.0
     stray: dict[str, int] = field(default_factory=dict)
     first_failure: tuple[str, str] | None = None  # (reason, detail) of the first failed job
+    strikes: np.ndarray = _zeros(np.int64)  # per worker: its replies rejected in a row
 
     @classmethod
     def sized(cls, num_workers: int) -> Books:
         n = int(num_workers)
-        return cls(n, *(np.zeros(n, np.int64) for _ in range(3)), *(np.zeros(n, np.float64) for _ in range(3)))
+        return cls(n, *(np.zeros(n, np.int64) for _ in range(3)), *(np.zeros(n, np.float64) for _ in range(3)),
+                   strikes=np.zeros(n, np.int64))
 
     def check(self) -> None:
         """Shapes, dtypes and signs of a books record read from a file."""
         named = {"jobs_sent": self.jobs_sent, "in_flight": self.in_flight, "updates": self.updates,
+                 "strikes": self.strikes,
                  **{f"outcomes[{k!r}]": v for k, v in self.outcomes.items()}}
         for name, a in named.items():
             if a.dtype != np.int64 or a.shape != (self.n,):
@@ -91,7 +97,7 @@ class Books:
         for key in self.outcomes:
             if key not in ("applied", "unused", "cancelled") and not key.startswith(("rejected.", "lost.")):
                 raise ValueError(f"books: unknown outcome {key!r}")
-        if self.version < 0 or (self.jobs_sent < 0).any() or any((v < 0).any() for v in self.outcomes.values()):
+        if self.version < 0 or (self.jobs_sent < 0).any() or (self.strikes < 0).any() or any((v < 0).any() for v in self.outcomes.values()):
             raise ValueError("books: negative counts")
 
     # ------------------------------------------------------------------ writers
@@ -109,6 +115,10 @@ class Books:
         if counts is None:
             counts = self.outcomes[outcome] = np.zeros(self.n, np.int64)
         counts[worker] += 1
+        if outcome == "applied":
+            self.strikes[worker] = 0
+        elif outcome.startswith("rejected."):
+            self.strikes[worker] += 1
         if self.first_failure is None and outcome.startswith(("rejected.", "lost.")):
             self.first_failure = (outcome.split(".", 1)[1], detail)
 

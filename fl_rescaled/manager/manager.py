@@ -12,30 +12,34 @@ worker, or to ``send_next`` one to whichever worker the selection seam picks, an
 - ``Books``: the one writer of every job's outcome;
 - ``Population``: who gets the next job (N workers, at most C jobs in flight).
 
-Here a validated reply becomes an update (``reply="model"``: the pseudo-gradient x_sent − y), and
-the manager's part of the run's state is read and written (``state``, ``resume``).
+Here a validated reply becomes an update (``reply="model"``: the pseudo-gradient x_sent − y) and
+passes the strategy's bounds (``fl_rescaled.bounds``: a rejected outlier is a rejection like any
+other); a worker whose last ``SET_ASIDE_AFTER`` replies were all rejected is set aside
+(``Membership.set_aside``); the manager's part of the run's state is read and written (``state``,
+``resume``).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, Message
 
+from fl_rescaled.bounds import Chain
 from fl_rescaled.clock import VirtualClock, WallClock
 from fl_rescaled.errors import RejectedReply
 from fl_rescaled.grid_api import AsyncGrid
-from fl_rescaled.layout import ModelLayout, all_finite, decode_array, read_reply
+from fl_rescaled.layout import ModelLayout, all_finite, read_reply
 from fl_rescaled.stepsizes import TauTable
 
 from .books import Books, is_lost, outcome_of
 from .jobs import NODE_GONE, Completion, Job, zero_nonfinite_replicas
-from .membership import Membership, Roster
+from .membership import Membership
 from .observers import ManagerObserver
-from .selection import Population, PopulationState
+from .saved import ManagerState, restore, snapshot
+from .selection import Population
 from .settings import ManagerSettings
 from .transport import Transport
 from .virtual import VirtualSource
@@ -43,25 +47,8 @@ from .wall import WallSource
 
 log = logging.getLogger("flwr.fl_rescaled")
 
-
-@dataclass
-class ManagerState:
-    """The manager's part of the run's state (``fl_rescaled.runstate``)."""
-
-    books: Books
-    roster: Roster
-    taus: list[float]  # the τ table the stepsize rules read (NaN: no estimate yet)
-    active: list[bool]
-    clock_now: float
-    delays: dict[str, Any]  # the compute-time model's state (virtual clock: its generators)
-    free_at: np.ndarray  # virtual clock: when each worker's queue empties
-    last_delivery: np.ndarray  # virtual clock with estimated periods: each worker's last delivery
-    next_job_id: int
-    population: PopulationState
-    events: list[tuple[float, int, int]]  # virtual clock: clients coming back, slots to wake
-    woken: int
-    jobs: list[Job]  # in flight, in push order
-    models: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)  # version -> the model jobs carry
+#: A worker whose last this many replies were all rejected is set aside (``set_aside``).
+SET_ASIDE_AFTER = 3
 
 
 _LOST_DETAIL = {"ttl-expired": "no reply within the job's TTL", "offline": "its client went offline before it finished"}
@@ -79,7 +66,7 @@ class AsyncClientManager:
                  reply: str = "gradient", arrayrecord_key: str = "arrays", configrecord_key: str = "config",
                  train_config: dict[str, Any] | None = None, ttl: float = 3600.0,
                  settings: ManagerSettings | None = None, observers: list[ManagerObserver] | None = None,
-                 replicas: int = 1) -> None:
+                 replicas: int = 1, bound: Chain | None = None) -> None:
         if reply not in ("gradient", "model"):
             raise ValueError(f"reply must be 'gradient' or 'model', got {reply!r}")
         self.clock = clock
@@ -91,13 +78,15 @@ class AsyncClientManager:
         self.observers: list[ManagerObserver] = list(observers or [])
         self.replicas = replicas  # batched runs: the model is this many replicas end to end
         self.tau_smoothing = settings.tau_smoothing
+        self.bound = bound if replicas == 1 and bound is not None and bound.bounds else None  # (off for batches)
+        self.bound_state = self.bound.init() if self.bound is not None else []
         self.books = Books()
         self.transport = Transport(grid, ttl=ttl, arrayrecord_key=arrayrecord_key, configrecord_key=configrecord_key)
         self.transport.on_stray = lambda reason: self.books.record_stray(reason)
         self.transport.on_cancelled_reply = self._cancelled_reply
         self.membership = Membership(grid, self.transport, ttl=ttl, node_refresh=settings.node_refresh)
         self.membership.has_jobs = lambda worker: bool(self.books.in_flight[worker])
-        self.membership.on_online = lambda worker, online: self.taus.set_active(worker, online)
+        self.membership.on_online = self._set_active
         self.source: VirtualSource | WallSource = (
             VirtualSource(clock, self.transport, self.membership, self.observers) if clock.virtual else
             WallSource(clock, self.transport, self.membership, tau_estimator=settings.tau_estimator,
@@ -146,15 +135,18 @@ class AsyncClientManager:
             return np.flatnonzero(self._online_mask(np.arange(self.num_workers))).tolist()
         return self.membership.online_workers()
 
-    def is_online(self, worker: int) -> bool:
-        if self.source.virtual:
-            return self.source.online(worker)
-        return bool(self.membership.roster.online[worker])
+    def is_online(self, worker: int) -> bool:  # (virtual clock: by its availability, unless set aside)
+        roster = self.membership.roster.online
+        return bool(roster[worker]) and (not self.source.virtual or self.source.online(worker))
 
     def _online_mask(self, workers: np.ndarray) -> np.ndarray:
-        if self.source.virtual:
-            return self.source.online_mask(workers)
-        return self.membership.roster.online[workers]
+        roster = self.membership.roster.online[workers]
+        return self.source.online_mask(workers) & roster if self.source.virtual else roster
+
+    def _set_active(self, worker: int, active: bool) -> None:
+        """A worker counts in the τ statistics (both tables) only while online and not set aside."""
+        for table in {id(t): t for t in (self.taus, self.compute_taus)}.values():
+            table.set_active(worker, active)
 
     # ------------------------------------------------------------------ jobs
     def send(self, worker: int, model: np.ndarray, version: int, config: dict | None = None,
@@ -282,15 +274,15 @@ class AsyncClientManager:
         if lost is not None or reply is None:
             comp.rejected = lost or "lost"
             comp.detail = _LOST_DETAIL.get(comp.rejected, "no reply")
-            (log.debug if comp.rejected == "offline" else log.warning)("job %d (worker %d) lost: %s", job.job_id, w,
-                                                                        comp.rejected)
+            (log.debug if comp.rejected == "offline" else log.warning)("job %d (%s) lost: %s", job.job_id,
+                                                                        self.membership.name(w), comp.rejected)
         else:
             try:
                 self._read_reply(comp, reply)
             except RejectedReply as rej:
                 comp.rejected, comp.detail = rej.reason, rej.detail
-                log.warning("%s the reply to job %d (worker %d): %s", "lost" if is_lost(rej.reason) else "rejected",
-                            job.job_id, w, rej)
+                log.warning("%s the reply to job %d (%s): %s", "lost" if is_lost(rej.reason) else "rejected",
+                            job.job_id, self.membership.name(w), rej)
         if comp.ok:
             self.books.busy_done[w] += self.source.accepted(job, comp.metrics)
             self.books.ended(w, "applied")
@@ -303,6 +295,8 @@ class AsyncClientManager:
             if comp.rejected in NODE_GONE:
                 self.source.node_gone(job)
             self.books.ended(w, outcome_of(comp.rejected), comp.detail)
+            if self.books.strikes[w] >= SET_ASIDE_AFTER:
+                self.membership.set_aside(w, f"its last {self.books.strikes[w]} replies were rejected")
         self._if_idle(w)
         for obs in self.observers:
             obs.completed(comp)
@@ -323,6 +317,8 @@ class AsyncClientManager:
             flat, bad = zero_nonfinite_replicas(flat, self.replicas)
             if bad:
                 metrics["nonfinite-replicas"] = bad
+        elif self.bound is not None:
+            flat = self.bound.apply(self.bound_state, flat, comp.job.worker)
         comp.update, comp.carried, comp.metrics = flat, carried, metrics
 
     # ------------------------------------------------------------------ reporting
@@ -336,65 +332,9 @@ class AsyncClientManager:
     # ------------------------------------------------------------------ the run's state
     def state(self) -> ManagerState:
         """The manager's part of the run's state (a snapshot to write; nothing is copied)."""
-        jobs = list(self.transport.inflight.values())
-        models: dict[int, dict[str, np.ndarray]] = {}
-        for job in jobs:
-            if job.version not in models and job.model is not None:
-                models[job.version] = {k: np.array(decode_array(a)) for k, a in job.model.items()}
-        src = self.source
-        virtual = isinstance(src, VirtualSource)
-        return ManagerState(
-            books=self.books, roster=self.membership.roster, taus=list(self.taus.taus), active=list(self.taus.active),
-            clock_now=float(self.clock.now), delays=self.clock.delays.state() if virtual else {},
-            free_at=src.free_at if virtual else np.zeros(0),
-            last_delivery=src.last_delivery if virtual else np.zeros(0),
-            next_job_id=self._next_job_id, population=self.population.state(),
-            events=list(src._events) if virtual else [], woken=src.woken if virtual else 0,  # noqa: SLF001
-            jobs=jobs, models=models)
+        return snapshot(self)
 
     def resume(self, state: ManagerState, concurrency: int | None, seed: int, weights: list[float] | None,
                timeout: float) -> int:
-        """Go on from ``state`` (read from a checkpoint, on this manager's Grid and clock).
-
-        Virtual clock: the jobs that were in flight are sent again, as they were (same model,
-        config and finishing time), so the run continues as if it had never stopped. Wall clock:
-        they are booked as lost (``resumed``: the nodes may have answered a server that no longer
-        exists), the nodes are found again, and the clock goes on from the checkpoint's time.
-        Returns how many jobs were lost.
-        """
-        n = state.books.n
-        if len(state.roster.node_ids) != n or len(state.taus) != n or len(state.active) != n:
-            raise ValueError("the checkpoint's books, roster and τ table disagree on the number of workers")
-        self.books = state.books
-        self.membership.use(state.roster)
-        self.taus = self.compute_taus = self.source.tau_table(n, weights)
-        self.populate(concurrency, seed, weights)
-        self.population.restore(state.population)
-        self._next_job_id = state.next_job_id
-        records = {v: self.layout.record_of(arrays, f"the checkpoint's model of version {v}")
-                   for v, arrays in state.models.items()}
-        for job in state.jobs:
-            if job.version not in records or not 0 <= job.worker < n:
-                raise ValueError(f"a job in flight (id {job.job_id}) has no model or no worker")
-            job.model = records[job.version]
-        if not self.taus.fixed:  # estimates: go on from the checkpoint's
-            for worker, (tau, active) in enumerate(zip(state.taus, state.active)):
-                if tau == tau:  # (not NaN: an estimate)
-                    self.taus.update(worker, tau)
-                self.taus.set_active(worker, active)
-        if isinstance(self.source, VirtualSource):
-            if state.free_at.shape != (n,) or (self.periods_online and state.last_delivery.shape != (n,)):
-                raise ValueError("the checkpoint's queue times do not match its workers")
-            self.clock.advance(state.clock_now)
-            self.clock.delays.restore(state.delays)
-            self.source.last_delivery = state.last_delivery
-            self.source.resume(state.jobs, state.free_at)
-            self.source._events = list(state.events)  # noqa: SLF001 - (a heap already)
-            self.source.woken = state.woken
-            return 0
-        self.clock.restart(state.clock_now)
-        for job in state.jobs:  # (not pushed again: they are lost)
-            self.books.ended(job.worker, "lost.resumed", "the server restarted")
-            self._if_idle(job.worker)
-        self.source.resume(timeout)
-        return len(state.jobs)
+        """Go on from ``state`` (``saved.restore``); returns how many jobs in flight were lost."""
+        return restore(self, state, concurrency, seed, weights, timeout)

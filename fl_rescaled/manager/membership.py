@@ -56,6 +56,13 @@ class Membership:
         self._next_refresh = 0.0
         transport.on_hello = self.hello_answered
 
+    def name(self, worker: int) -> str:
+        """One name for a client in every log line: its partition when the workers are numbered by
+        partition, else its node (workers are then the nodes in node-id order)."""
+        if self.roster.partition_query:
+            return f"partition {worker}"
+        return f"node {self.roster.node_ids[worker]}"
+
     def use(self, roster: Roster) -> None:
         """Take ``roster`` (a fresh one, or a checkpoint's) as the workers' nodes."""
         self.roster = roster
@@ -74,7 +81,7 @@ class Membership:
         deadline = time.monotonic() + timeout
         need = max(min_nodes, num_workers or 1)
         while True:
-            nodes = sorted(int(n) for n in self.grid.get_node_ids())
+            nodes = sorted(map(int, self.grid.get_node_ids()))
             if len(nodes) >= need:
                 break
             if time.monotonic() > deadline:
@@ -92,7 +99,7 @@ class Membership:
         """A restarted server (wall clock): find the nodes again and give each worker its node (by
         partition with the partition query, else in node-id order); workers without one are offline."""
         deadline = time.monotonic() + timeout
-        nodes = sorted(int(n) for n in self.grid.get_node_ids())
+        nodes = sorted(map(int, self.grid.get_node_ids()))
         order = self._order_by_partition(nodes, deadline) if self.roster.partition_query else nodes
         roster = self.roster
         for i in range(len(roster.node_ids)):
@@ -148,6 +155,16 @@ class Membership:
             self.roster.online[worker] = online
             self.on_online(worker, online)
 
+    def set_aside(self, worker: int, why: str) -> None:
+        """Treat ``worker`` as a node that left (no new jobs, not waited for by rounds, out of the τ
+        statistics) because of ``why``; on the wall clock it is taken back when its node is next
+        listed, on the virtual clock never. Not when fewer than half the workers would stay online:
+        then the run's failure checks decide."""
+        online = self.roster.online
+        if online[worker] and 2 * (int(online.sum()) - 1) >= len(online):
+            self.set_online(worker, False)
+            log.warning("worker %d set aside: %s", worker, why)
+
     def due(self) -> bool:
         return time.monotonic() >= self._next_refresh
 
@@ -164,7 +181,7 @@ class Membership:
         for i, node in enumerate(roster.node_ids):
             if roster.online[i] and node not in current and not self.has_jobs(i):
                 self.set_online(i, False)
-                log.warning("worker %d (node %d) left", i, node)
+                log.warning("%s left", self.name(i))
             elif not roster.online[i] and node in current:
                 if not roster.partition_query:  # (no query to probe it with) listed again: back
                     self.rejoin(i, node)
@@ -212,7 +229,8 @@ class Membership:
         if not roster.online[worker] or old != node:
             self.set_online(worker, True)
             self.joined.append(worker)
-            log.warning("worker %d (re)joined on node %d", worker, node)
+            log.warning("%s (re)joined%s", self.name(worker),
+                        f" on node {node}" if self.roster.partition_query else "")
 
     def pop_joined(self) -> list[int]:
         joined, self.joined = self.joined, []

@@ -64,7 +64,7 @@ class WallSource:
         return self.taus
 
     def dispatched(self, job: Job) -> None:
-        job.start_time = self.clock.now
+        job.start_time = self.clock.now  # (0 for the jobs sent before the first reply)
 
     def next(self, budget: float) -> tuple[Job, Message | None, float, str | None] | None:
         """The next reply to arrive (or the oldest job past its TTL, lost); None past ``budget``
@@ -79,9 +79,13 @@ class WallSource:
                 return None
             mid = transport.next_arrival() if transport.inflight else None
             if mid is not None:
+                if self.clock.held:  # the first reply: a node is ready, the budget starts now
+                    self.clock.restart()
                 return transport.inflight[mid], transport.arrived.pop(mid), self.clock.now, None
             expired = transport.expired_job()
             if expired is not None:
+                if self.clock.held:
+                    self.clock.restart()
                 return expired, None, self.clock.now, "ttl-expired"
             time.sleep(self.poll_interval)
 

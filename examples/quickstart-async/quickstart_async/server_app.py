@@ -9,55 +9,74 @@ argument: the ClientApp, the model, the configs and the ``Result`` are the same.
 import math
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context
+from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg, Result
 
 from fl_rescaled import FedAsync, FedBuff, RescaledASGD
-from quickstart_async.task import Net
+from quickstart_async.task import Net, central_test
 
 app = ServerApp()
 
 
-def make_async_strategy(name: str, fraction_evaluate: float):
-    """One of fl_rescaled's asynchronous strategies, each with its defaults.
+def make_async_strategy(name: str, **fedavg_keywords):
+    """One of fl_rescaled's asynchronous strategies, each with its defaults and FedAvg's keywords.
 
     All three take the trained models a FedAvg ClientApp returns: FedBuff and FedAsync do so by
     default, Rescaled ASGD with ``reply="model"`` (its own default is a gradient reply).
     """
     if name == "fedbuff":
-        return FedBuff(fraction_evaluate=fraction_evaluate)
+        return FedBuff(**fedavg_keywords)
     if name == "fedasync":
-        return FedAsync(fraction_evaluate=fraction_evaluate)
+        return FedAsync(**fedavg_keywords)
     if name == "rescaled":
-        return RescaledASGD(reply="model", fraction_evaluate=fraction_evaluate)
+        return RescaledASGD(reply="model", **fedavg_keywords)
     raise ValueError(f"unknown strategy {name!r}: choose fedavg, fedbuff, fedasync or rescaled")
+
+
+def central_evaluation(examples: int):
+    """Flower's ``evaluate_fn``: the global model on the server's held-out test images."""
+    if examples <= 0:
+        return None
+
+    def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        net = Net()
+        net.load_state_dict(arrays.to_torch_state_dict())
+        loss, accuracy = central_test(net, examples)
+        return MetricRecord({"loss": loss, "accuracy": accuracy})
+
+    return evaluate
 
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Train ``Net`` on the SuperNodes with the run config's strategy and report the outcome."""
     name = str(context.run_config["strategy"])
-    fraction_evaluate = float(context.run_config["fraction-evaluate"])
+    keywords = {"fraction_train": float(context.run_config["fraction-train"]),
+                "fraction_evaluate": float(context.run_config["fraction-evaluate"])}
     lr = float(context.run_config["learning-rate"])
+    evaluate_fn = central_evaluation(int(context.run_config["central-examples"]))
 
+    torch.manual_seed(int(context.run_config["seed"]))
     arrays = ArrayRecord(Net().state_dict())
 
     if name == "fedavg":
-        strategy = FedAvg(fraction_evaluate=fraction_evaluate)
+        strategy = FedAvg(**keywords)
         result = strategy.start(
             grid=grid,
             initial_arrays=arrays,
             train_config=ConfigRecord({"lr": lr}),
             num_rounds=int(context.run_config["num-server-rounds"]),
+            evaluate_fn=evaluate_fn,
         )
     else:
-        strategy = make_async_strategy(name, fraction_evaluate)
+        strategy = make_async_strategy(name, **keywords)
         result = strategy.start(
             grid=grid,
             initial_arrays=arrays,
             train_config=ConfigRecord({"lr": lr}),
             num_updates=int(context.run_config["num-updates"]),
+            evaluate_fn=evaluate_fn,
         )
 
     report(name, arrays, result)

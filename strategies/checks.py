@@ -1,0 +1,55 @@
+"""The checks of the options every strategy has (``AsyncStrategy``'s constructor): each bad value is
+a ``ValueError`` that names the option, whatever its type (a string where a number belongs too)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+REPLIES = ("gradient", "model")
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _integer(value: Any, least: int) -> bool:
+    return _number(value) and int(value) == value and value >= least
+
+
+def check_common(strategy: str, restarts_at_once: bool, *, lr: Any, reply: Any, jobs_per_node: Any,
+                 fraction_evaluate: Any, max_consecutive_rejections: Any, concurrency: Any, fraction_train: Any,
+                 min_train_nodes: Any, min_available_nodes: Any, min_evaluate_nodes: Any,
+                 train_metrics_aggr_fn: Any, evaluate_metrics_aggr_fn: Any) -> None:
+    """Raise ``ValueError`` for the first bad common option of ``strategy`` (a class name)."""
+    if lr is not None and not (_number(lr) and lr > 0):
+        raise ValueError(f"the cycle stepsize lr (α) must be positive, got {lr!r}")
+    if reply not in REPLIES:
+        raise ValueError(f"reply must be one of {REPLIES}, got {reply!r}")
+    if not (isinstance(jobs_per_node, int) and _integer(jobs_per_node, 1) and jobs_per_node <= 1000):
+        raise ValueError(f"jobs_per_node must be an integer in 1..1000, got {jobs_per_node!r}")
+    if jobs_per_node != 1 and not restarts_at_once:
+        raise ValueError(f"{strategy} keeps one job per worker (jobs_per_node=1)")
+    if not (_number(fraction_evaluate) and 0.0 <= fraction_evaluate <= 1.0):
+        raise ValueError(f"fraction_evaluate must be in [0, 1], got {fraction_evaluate!r}")
+    if not (_number(fraction_train) and 0.0 < fraction_train <= 1.0):
+        raise ValueError(f"fraction_train must be in (0, 1], got {fraction_train!r}")
+    for name, value, least in (("max_consecutive_rejections", max_consecutive_rejections, 1),
+                               ("concurrency", concurrency, 1), ("min_train_nodes", min_train_nodes, 1),
+                               ("min_available_nodes", min_available_nodes, 1),
+                               ("min_evaluate_nodes", min_evaluate_nodes, 0)):
+        if value is not None and not _integer(value, least):
+            raise ValueError(f"{name} must be an integer of at least {least}, got {value!r}")
+    for name, fn in (("train_metrics_aggr_fn", train_metrics_aggr_fn),
+                     ("evaluate_metrics_aggr_fn", evaluate_metrics_aggr_fn)):
+        if fn is not None and not callable(fn):
+            raise ValueError(f"{name} must be a function (list[RecordDict], str) -> MetricRecord")
+    if concurrency is not None and jobs_per_node != 1:
+        raise ValueError("jobs_per_node applies when every worker is always busy; with concurrency, one job per worker")
+
+
+def every_worker_each_round(strategy: Any, run: Any) -> None:
+    """Refuse a population (C < N) for a method whose rounds wait for every worker."""
+    if run.concurrency < run.n:
+        raise ValueError(f"{type(strategy).__name__}'s rounds wait for every worker: it needs every node training "
+                         f"(concurrency {run.concurrency} < {run.n} workers)")
