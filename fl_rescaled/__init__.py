@@ -58,6 +58,7 @@ from .strategies import (  # noqa: E402
     asgd_variant,
 )
 from .inprocess import run_inprocess  # noqa: E402
+from . import data  # noqa: E402  (fl_rescaled.data.load_mnist without an import of its own; numpy only)
 
 __version__ = "0.1.0"
 
@@ -94,6 +95,7 @@ __all__ = [
     "WallClock",
     "add_partition_query",
     "asgd_variant",
+    "data",
     "delay_adaptive_stepsize",
     "rescaled_stepsize",
     "run_inprocess",

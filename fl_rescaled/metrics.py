@@ -9,44 +9,57 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+from rich.control import Control, ControlType
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.segment import Segments
+
 
 class ProgressBar:
-    """A one-line progress bar on stderr, redrawn at most every 0.2 s."""
+    """A one-line progress bar on stderr, drawn with ``rich.progress`` (which ships with Flower).
+
+    It draws only when ``enabled`` and stderr is a terminal, at most every 0.2 s; otherwise every
+    call does nothing. ``update(t, row)`` moves it to ``t`` of ``total`` and shows the row's
+    ``loss`` and ``updates``; ``close()`` draws it full and ends the line. The line is redrawn in
+    place (no live display: the cursor stays visible, and a run that fails leaves the line as it
+    was).
+    """
 
     def __init__(self, total: float, *, enabled: bool = True, label: str = "", width: int = 28) -> None:
         self.total = float(total)
-        self.enabled = enabled
         self.label = label
         self.width = width
+        self.enabled = enabled and sys.stderr.isatty()
+        self._console = Console(file=sys.stderr) if self.enabled else None
+        self._progress = Progress(
+            TextColumn("{task.description:>15}"), BarColumn(bar_width=width),
+            TextColumn("t={task.completed:,.0f}/{task.total:,.0f}{task.fields[extra]}"), TimeElapsedColumn(),
+            console=self._console, auto_refresh=False)
+        self._task = self._progress.add_task(label, total=self.total, extra="")
         self._last = 0.0
-        self._t0 = time.perf_counter()
 
     def update(self, t: float, row: dict[str, Any] | None = None, force: bool = False) -> None:
         if not self.enabled:
             return
-        now = time.perf_counter()
-        if not force and now - self._last < 0.2 and t < self.total:
-            return
-        self._last = now
-        frac = min(max(t / self.total, 0.0), 1.0) if self.total > 0 else 1.0
-        fill = int(round(frac * self.width))
         extra = ""
         if row:
             if "loss" in row:
                 extra += f" loss={row['loss']:.4f}"
             if "updates" in row:
                 extra += f" updates={row['updates']}"
-        sys.stderr.write(
-            f"\r{self.label:>15} [{'#' * fill}{'.' * (self.width - fill)}] "
-            f"t={t:,.0f}/{self.total:,.0f}{extra} {now - self._t0:5.1f}s"
-        )
-        sys.stderr.flush()
+        fields = {"extra": extra} if row else {}
+        self._progress.update(self._task, completed=min(max(t, 0.0), self.total), **fields)
+        now = time.perf_counter()
+        if force or t >= self.total or now - self._last >= 0.2:
+            self._last = now
+            line = self._console.render_lines(self._progress.make_tasks_table(self._progress.tasks), pad=False)[0]
+            self._console.control(Control((ControlType.CARRIAGE_RETURN,), (ControlType.ERASE_IN_LINE, 2)))
+            self._console.print(Segments(line), end="")
 
     def close(self) -> None:
         if self.enabled:
             self.update(self.total, force=True)
-            sys.stderr.write("\n")
-            sys.stderr.flush()
+            self._console.print()
 
 
 def _cell(v: Any) -> Any:
@@ -86,7 +99,10 @@ def plot_curves(
     title: str = "",
 ) -> Path:
     """Plot ``key`` against time for each labelled history into a PNG."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError("figures need matplotlib: pip install 'fl-rescaled[plots]'") from exc
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

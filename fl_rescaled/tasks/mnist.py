@@ -62,7 +62,10 @@ class MnistTask:
         with self._lock:
             if self._parts is not None:
                 return
-            import torch
+            try:
+                import torch
+            except ModuleNotFoundError as exc:
+                raise ModuleNotFoundError("the MNIST task needs torch: pip install 'fl-rescaled[mnist]'") from exc
 
             data = load_mnist(self.data_dir)
             self.source = data.source
