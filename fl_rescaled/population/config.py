@@ -164,28 +164,27 @@ def build_parser() -> argparse.ArgumentParser:
                             "Rescaled(τ) and Rescaled(rate) at equal virtual time. Resumes where it stopped.")
     p.add_argument("--quick", action="store_true",
                    help=f"a smoke test: budget {QUICK['budget']:g}, {QUICK['seeds']} seed, one value per method")
-    p.add_argument("--out", default=None,
-                   help="output folder (default runs/population, or runs/population-quick with --quick)")
-    p.add_argument("--workers", type=int, default=None,
-                   help=f"parallel processes (default: one per available core, here {default_workers()})")
+    p.add_argument("--no-progress", action="store_true", help="no per-run lines")
     p.add_argument("--report-only", action="store_true",
                    help="compute nothing: write the figures and REPORT.md from the runs already stored")
-    p.add_argument("--no-progress", action="store_true", help="no per-run lines")
+    p.add_argument("--out", default=None,
+                   help="output folder (default runs/population, or runs/population-quick with --quick)")
+    p.add_argument("--workers", type=int, default=default_workers(),
+                   help=f"parallel processes (default: one per available core, here {default_workers()})")
     return p
 
 
 def config_from_args(argv: list[str]) -> PopulationConfig:
     """The study ``argv`` asks for; a bad flag exits with status 2 and one line on stderr."""
-    p = build_parser()
-    a = p.parse_args(argv)
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    if a.workers < 1:
+        parser.error("--workers must be at least 1")
     base = QUICK if a.quick else FULL
-    workers = default_workers() if a.workers is None else a.workers
-    if workers < 1:
-        p.error("--workers must be at least 1")
     cfg = PopulationConfig(
         out=Path(a.out or ("runs/population-quick" if a.quick else "runs/population")),
         budget=float(base["budget"]), seeds=int(base["seeds"]), eval_points=int(base["eval_points"]),
-        max_extend=int(base["max_extend"]), workers=int(workers), report_only=bool(a.report_only),
+        max_extend=int(base["max_extend"]), workers=int(a.workers), report_only=bool(a.report_only),
         progress=not a.no_progress, quick=bool(a.quick),
         command="python run_sim.py population " + " ".join(shlex.quote(s) for s in argv))
     assert math.isfinite(cfg.budget) and cfg.budget > 0

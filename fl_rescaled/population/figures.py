@@ -9,7 +9,7 @@ import numpy as np
 
 from fl_rescaled.paper.figures import _plt
 
-from .config import PopulationConfig
+from .config import RATE, PopulationConfig
 from .results import Results
 
 COLORS = {"fedavg": "tab:gray", "fedbuff": "tab:purple", "fedasync": "tab:green", "vanilla": "tab:orange",
@@ -34,7 +34,8 @@ def draw_figures(cfg: PopulationConfig, res: Results) -> list[Path]:
             for ax, key in zip(axes, ("accuracy", "loss")):
                 med, lo, hi = bands[m.name][key]
                 ok = np.isfinite(med)
-                ax.plot(res.tgrid[ok], med[ok], color=COLORS[m.name], lw=1.5,
+                # (dashed: where Rescaled(rate) runs as Rescaled(τ), C = N, the two curves are one)
+                ax.plot(res.tgrid[ok], med[ok], color=COLORS[m.name], lw=1.5, ls="--" if m.name == RATE else "-",
                         label=f"{m.label} ({m.knob_label()}={value:g}, {n} seed{'s' if n != 1 else ''})")
                 okb = np.isfinite(lo) & np.isfinite(hi)
                 ax.fill_between(res.tgrid[okb], lo[okb], hi[okb], color=COLORS[m.name], alpha=0.15, lw=0)

@@ -34,9 +34,9 @@ def write_report(cfg: PopulationConfig, runner: Runner, res: Results, timings: d
     L += ["", "## The population", ""] + population_lines(cfg, runner)
     L += ["", "## The methods", ""] + method_lines(cfg)
     L += ["", "## Machine and time", ""] + time_lines(cfg, runner, timings, machine)
-    L += ["", "## Grids and choices", ""] + grid_lines(cfg, runner)
+    L += ["", "## Grids and choices", ""] + grid_lines(cfg, runner) + unstable_lines(res)
     L += ["", "## Results", ""] + result_lines(cfg, res, figures)
-    L += [""] + verdict_lines(res.verdicts)
+    L += [""] + verdict_lines(res.verdicts, res.same_runs)
     L += ["", "## Files", "", "- `fig_<setting>.png`: accuracy and loss against virtual time, one per setting;",
           "- `results.csv`: the tables above; `curves/<setting>_<method>.csv`: the curves behind the figures;",
           "- `runs/<setting>/<method>/lr<value>_seed<s>.json`: every run's record (the value is the tuned knob, "
@@ -74,7 +74,8 @@ def population_lines(cfg: PopulationConfig, runner: Runner) -> list[str]:
         if not info:
             continue
         if a == 0:
-            L.append(f"- **α = 0**: one digit per client, 10 clients per digit ({info[0]['kind']}).")
+            L.append(f"- **α = 0**: one digit per client, 10 clients per digit, {info[0]['size']} examples each: the "
+                     "core's partition (`fl_rescaled.data.partition_labels`).")
         else:
             mean_cls = sum(p["classes_per_client_mean"] for p in info) / len(info)
             shared = max(p["shared_examples"] for p in info)
@@ -198,14 +199,29 @@ def _line(v: Verdict) -> str:
             f"{_label(v.best_method)} {_f(v.best, spec)}{seeds}.")
 
 
-def verdict_lines(verdicts: list[Verdict]) -> list[str]:
+def unstable_lines(res: Results) -> list[str]:
+    if not res.unstable:
+        return []
+    return ["", "Choices that did not carry over to the other seeds (a seed ends above twice seed 0's final loss, "
+                "so the median reflects the value's instability more than the method's): "
+            + "; ".join(f"`{s}` {_label(m)} (seed 0 {a:.4g}, worst other seed {b:.4g})" for s, m, a, b in res.unstable)
+            + "."]
+
+
+def verdict_lines(verdicts: list[Verdict], same_runs: list[str]) -> list[str]:
     """The three verdict sections, each listing exactly the (setting, metric) pairs of its outcome."""
     count = {o: sum(v.outcome == o for v in verdicts) for o in ("wins", "ties", "loses")}
+    apart = sum(v.overlap is False for v in verdicts)
     L = ["## Verdicts: Rescaled(rate) against the best other method", "",
          "For every setting and metric, Rescaled(rate)'s median over seeds against the best median of the other "
          "five methods (computed from the table, not written by hand). "
          f"**In short:** it wins {count['wins']}, ties {count['ties']} and loses {count['loses']} of "
-         f"{len(verdicts)} comparisons."]
+         f"{len(verdicts)} comparisons; in {apart} of them the two methods' ranges over seeds are apart, in the "
+         "others they overlap (the difference is within the seed-to-seed spread)."]
+    if same_runs:
+        L += ["", "Rescaled(rate) and Rescaled(τ) gave the same runs (same chosen α, same final loss for every seed) in "
+                  + ", ".join(f"`{s}`" for s in same_runs) + ": there every online client is always busy, and the "
+                  "engine takes τ_i as the delivery period."]
     for title, outcome, none in (("## Where Rescaled(rate) wins", "wins", "nowhere"),
                                  ("## Where Rescaled(rate) ties (its number equals the best other's)", "ties", "nowhere"),
                                  (NOT_WIN, "loses", "nowhere: it is never worse than the best other method")):

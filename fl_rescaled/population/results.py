@@ -14,11 +14,13 @@ import numpy as np
 
 from fl_rescaled.paper.storage import write_table_csv
 from fl_rescaled.paper.summaries import Band, band, summarize
+from fl_rescaled.paper.sweep import score
 
 from .config import RATE, PopulationConfig
 from .runner import Runner
 
 CURVE_POINTS = 101
+UNSTABLE = 2.0  # a chosen value "did not carry over" when another seed ends above this × seed 0's final loss
 
 #: The metrics the verdicts compare: summary key, what it is, and whether lower is better.
 METRICS = (("loss_med", "final training loss", True), ("worst", "worst client's loss", True),
@@ -48,6 +50,9 @@ class Results:
     summary: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     curves: dict[str, dict[str, dict[str, Band]]] = field(default_factory=dict)  # setting → method → key → band
     verdicts: list[Verdict] = field(default_factory=list)
+    same_runs: list[str] = field(default_factory=list)  # settings where Rescaled(rate) and (τ) ran identically
+    # (setting, method, seed 0's final loss, the worst other seed's): choices that did not carry over
+    unstable: list[tuple[str, str, float, float]] = field(default_factory=list)
 
     def has(self, setting: str, method: str) -> bool:
         return self.summary.get(setting, {}).get(method, {}).get("n", 0) > 0
@@ -69,11 +74,15 @@ def _ranges(recs: list[dict[str, Any]]) -> dict[str, tuple[float, float]]:
 def collect(cfg: PopulationConfig, runner: Runner) -> Results:
     """Summaries, curves (also written as ``out/curves/<setting>_<method>.csv``) and verdicts."""
     res = Results(np.linspace(0.0, cfg.budget, CURVE_POINTS))
+    losses: dict[tuple[str, str], list[float]] = {}
     for c in runner.cells:
         recs = c.sweep.seed_records()
         if c.sweep.chosen is None or not recs:
             continue
         s, m = c.setting.label, c.method.name
+        losses[(s, m)] = [score(r) for r in recs]
+        if len(recs) > 1 and max(losses[(s, m)][1:]) > UNSTABLE * losses[(s, m)][0]:
+            res.unstable.append((s, m, losses[(s, m)][0], max(losses[(s, m)][1:])))
         res.chosen.setdefault(s, {})[m] = c.sweep.chosen
         x = summarize(recs)
         x["ranges"] = {**_ranges(recs), "loss_med": (x["loss_min"], x["loss_max"])}
@@ -86,6 +95,9 @@ def collect(cfg: PopulationConfig, runner: Runner) -> Results:
                         ["time", "accuracy_median", "accuracy_min", "accuracy_max", "loss_median", "loss_min",
                          "loss_max"], [list(row) for row in zip(res.tgrid, *acc, *loss)])
     res.verdicts = verdicts(res.summary, [s.label for s in cfg.settings])
+    res.same_runs = [s.label for s in cfg.settings if (s.label, RATE) in losses
+                     and losses[(s.label, RATE)] == losses.get((s.label, "rescaled-tau"))
+                     and res.chosen[s.label][RATE] == res.chosen[s.label]["rescaled-tau"]]
     return res
 
 

@@ -143,9 +143,15 @@ class Runner:
                 # The costly runs (many clients in flight) first, so the pool's processes end together.
                 todo.sort(key=lambda ck: -ck[0].setting.concurrency)
                 self._round(pool, todo)
-        finally:
-            if pool is not None:
+        except BaseException:
+            if pool is not None:  # interrupted: stop the runs in progress too (a run writes nothing partial)
+                processes = list((getattr(pool, "_processes", None) or {}).values())
                 pool.shutdown(wait=False, cancel_futures=True)
+                for proc in processes:
+                    proc.terminate()
+            raise
+        if pool is not None:
+            pool.shutdown(wait=True)
 
     def _round(self, pool: ProcessPoolExecutor | None, todo: list[tuple[Cell, tuple[float, int]]]) -> None:
         if pool is None:

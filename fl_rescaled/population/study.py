@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -25,6 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     interrupted (finished runs stay stored; the same command resumes), 2 for a bad flag."""
     cfg = config_from_args(list(argv or []))
     quiet_logs()
+    import torch  # heavy: once the command line is known to be good
+
+    torch.set_num_threads(1)  # as in the worker processes (and the yardstick is one thread's)
     cfg.out.mkdir(parents=True, exist_ok=True)
     machine = machine_info(1, cfg.workers)
     say = print if cfg.progress else (lambda *a, **k: None)
@@ -38,12 +43,18 @@ def main(argv: list[str] | None = None) -> int:
         f"{cfg.budget:g}, {cfg.seeds} seed(s), {cfg.workers} process(es)"
         + (f"; bare loop {bare:.0f} steps/s" if bare else ""), flush=True)
     started = time.strftime("%Y-%m-%d %H:%M")
+    previous = None
+    if threading.current_thread() is threading.main_thread():  # SIGTERM stops the runs as Ctrl-C does
+        previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         runner.run()
     except KeyboardInterrupt:
         print(f"population study interrupted: {runner.computed} run(s) computed so far are stored under "
               f"{cfg.out / 'runs'}; run the same command again to resume.", file=sys.stderr, flush=True)
         return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     timings = {"runs (this invocation)": time.perf_counter() - t_start}
     if runner.computed:
         log_timing(cfg, runner, started, timings["runs (this invocation)"], bare)
@@ -65,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
 def log_timing(cfg: PopulationConfig, runner: Runner, started: str, seconds: float, bare: float | None) -> None:
     """Append this invocation's figures to ``out/timing.jsonl`` (a study may take several)."""
     row: dict[str, Any] = {"started": started, "seconds": seconds, "computed": runner.computed,
-                           "gradients": runner.gradients, "workers": cfg.workers, "bare_steps_per_s": bare}
+                           "gradients": runner.gradients, "workers": cfg.workers, "bare_steps_per_s": bare,
+                           "command": cfg.command}
     with (cfg.out / "timing.jsonl").open("a") as fh:
         fh.write(json.dumps(row) + "\n")
