@@ -20,7 +20,7 @@ import logging
 import sys
 from typing import Any
 
-from . import experiment, flower_sim, paper
+from . import experiment, flower_sim, paper, population
 from .checkpoints import CheckpointError
 from .data import DataUnavailable
 from .data.partition import PartitionError
@@ -168,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "paper":  # the paper's study: python run_sim.py paper [--quick] ...
         return paper.main(argv[1:])
+    if argv and argv[0] == "population":  # a population study: python run_sim.py population [--quick] ...
+        return population.main(argv[1:])
     args, specs = parse(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR,
                         format="%(levelname)s %(name)s: %(message)s")

@@ -26,7 +26,7 @@ CORE = {"clock", "errors", "timeline", "layout", "messages", "stepsizes", "manag
         "codec", "reporting", "runstate", "driver", "algorithm", "settings", "delays", "speeds", "availability",
         "traces",
         "metrics", "checkpoints", "bounds"}
-APPLICATION = {"runspec", "experiment", "flower_sim", "server_app", "paper"}
+APPLICATION = {"runspec", "experiment", "flower_sim", "server_app", "paper", "population"}
 RANK = {"core": 0, "strategies": 1, "clients": 1, "facade": 1.5, "application": 2, "cli": 3}
 LAZY_OK = ("torch", "torchvision", "matplotlib", "flwr.simulation")
 MAX_LINES = 400
