@@ -1,0 +1,1 @@
+"""fedavg-subclass: a customised FedAvg strategy moved onto an asynchronous base class."""
