@@ -30,7 +30,7 @@ from fl_rescaled.reporting import AsyncResult, EvaluateFn, log_end, log_start
 from fl_rescaled.runstate import Checkpointing
 from fl_rescaled.stepsizes import vanilla
 
-from .checks import check_common
+from .checks import check_common, no_round_hooks, no_rounds
 
 log = logging.getLogger("flwr.fl_rescaled")
 
@@ -151,9 +151,7 @@ class AsyncStrategy(Strategy):
         self.reply = reply
         self.jobs_per_node = jobs_per_node
         self.fraction_evaluate = float(fraction_evaluate)
-        self.weighted_by_key = weighted_by_key
-        self.arrayrecord_key = arrayrecord_key
-        self.configrecord_key = configrecord_key
+        self.weighted_by_key, self.arrayrecord_key, self.configrecord_key = weighted_by_key, arrayrecord_key, configrecord_key
         self.max_consecutive_rejections = max_consecutive_rejections
         self.concurrency = None if concurrency is None else int(concurrency)
         self.fraction_train, self.min_train_nodes = float(fraction_train), int(min_train_nodes)
@@ -268,12 +266,12 @@ class AsyncStrategy(Strategy):
         return 1.0 / steps
 
     # ---------------------------------------------------------------- Flower's round API
-    # Asynchronous strategies have no rounds: the whole run happens inside ``start``. These four
-    # methods of Flower's Strategy interface are therefore not part of their contract.
-    def _no_rounds(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError(f"{type(self).__name__} is asynchronous: call start(), not rounds")
+    # No rounds: a run happens inside ``start``; a subclass that overrides these four is refused.
+    configure_train = aggregate_train = configure_evaluate = aggregate_evaluate = no_rounds
 
-    configure_train = aggregate_train = configure_evaluate = aggregate_evaluate = _no_rounds
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        no_round_hooks(cls)
 
     def summary(self) -> None:
         log.info("\t├──> %s", ", ".join(f"{k}={v}" for k, v in self.describe().items()))
@@ -304,6 +302,7 @@ class AsyncStrategy(Strategy):
         settings: ManagerSettings | None = None,
         replicas: Sequence[float] | None = None,
         seed: int = 0,
+        num_rounds: None = None,
     ) -> AsyncResult:
         """Run the asynchronous loop until a budget is spent; return Flower's ``Result``.
 
@@ -316,7 +315,7 @@ class AsyncStrategy(Strategy):
             (``ArrayRecord(model.state_dict())``, say).
         num_updates : int, optional
             Stop after this many server updates (FedAvg's ``num_rounds`` becomes this or
-            ``time_budget``; at least one of the two is required).
+            ``time_budget``, at least one of the two required; ``num_rounds`` is a ``TypeError``).
         timeout : float (default: 3600)
             Seconds a job (and an evaluation) may take before it counts as lost: every message's TTL.
         train_config, evaluate_config : ConfigRecord, optional
@@ -378,6 +377,8 @@ class AsyncStrategy(Strategy):
             When the run cannot make progress; the message names the first rejection's reason
             (for a ClientApp that raised: its own exception text).
         """
+        if num_rounds is not None:
+            raise TypeError(f"{type(self).__name__}.start() takes num_updates and/or time_budget, not FedAvg's num_rounds")
         driver = Driver(self, grid, initial_arrays, num_updates=num_updates, time_budget=time_budget,
                         timeout=timeout, train_config=train_config, evaluate_config=evaluate_config,
                         evaluate_fn=evaluate_fn, clock=clock, taus=taus, eval_every=eval_every,

@@ -53,3 +53,24 @@ def every_worker_each_round(strategy: Any, run: Any) -> None:
     if run.concurrency < run.n:
         raise ValueError(f"{type(strategy).__name__}'s rounds wait for every worker: it needs every node training "
                          f"(concurrency {run.concurrency} < {run.n} workers)")
+
+
+ROUND_HOOKS = {  # FedAvg's round hooks, never called by an asynchronous strategy, and what to use instead
+    "configure_train": "override configure_job(config, *, updates, time)",
+    "aggregate_train": "each reply is applied as it arrives: use the update bounds, train_metrics_aggr_fn "
+                       "or start(observers=...)",
+    "configure_evaluate": "use fraction_evaluate, min_evaluate_nodes and start(evaluate_config=...)",
+    "aggregate_evaluate": "use evaluate_metrics_aggr_fn or on_evaluation",
+}
+
+
+def no_round_hooks(cls: type) -> None:
+    """Refuse a subclass that overrides a round hook (it would be silently never called)."""
+    for hook, instead in ROUND_HOOKS.items():
+        if hook in vars(cls):
+            raise TypeError(f"{cls.__name__} overrides {hook}, which an asynchronous strategy never calls: "
+                            f"{instead} (docs/migrating.md)")
+
+
+def no_rounds(self: Any, *args: Any, **kwargs: Any) -> Any:
+    raise NotImplementedError(f"{type(self).__name__} is asynchronous: call start(), not rounds")

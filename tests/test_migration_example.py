@@ -156,6 +156,17 @@ def test_the_start_override_runs_around_the_run(example):
 
 def test_num_rounds_is_refused_by_name():
     """FedAvg's budget keyword is not silently taken: start(num_rounds=...) raises a TypeError that
-    names it or its replacement (a migrated app renames it to num_updates or time_budget)."""
-    with pytest.raises(TypeError, match="num_rounds|num_updates"):
+    names it and its replacements (a migrated app renames it to num_updates or time_budget)."""
+    with pytest.raises(TypeError, match="num_updates and/or time_budget, not FedAvg's num_rounds"):
         RescaledASGD(reply="model").start(grid=None, initial_arrays=None, num_rounds=3)
+
+
+@pytest.mark.parametrize("hook,instead", [("configure_train", "configure_job"), ("aggregate_train", "update bounds"),
+                                          ("configure_evaluate", "evaluate_config"),
+                                          ("aggregate_evaluate", "on_evaluation")])
+def test_a_subclass_keeping_a_round_hook_is_refused_with_its_replacement(hook, instead):
+    """A FedAvg subclass that switched its base class but kept a round override would run with the
+    override silently never called: the class is refused where it is defined, naming what to use."""
+    with pytest.raises(TypeError, match=f"CustomFedAvg overrides {hook}.*{instead}"):
+        type("CustomFedAvg", (RescaledASGD,), {hook: lambda self, *a, **k: None})
+    type("CustomAsync", (RescaledASGD,), {"configure_job": lambda self, config, **k: config})  # the counterpart is fine
