@@ -23,7 +23,7 @@ from fl_rescaled.paper.config import default_workers
 #: The population model, the same in every setting and in quick mode (only the budget changes there).
 MODEL: dict[str, Any] = {
     "num_clients": 100,
-    "partition_size": 542,   # examples per client (what α = 0 gives: the rarest digit's 5,421 over 10 clients)
+    "partition_size": 542,   # examples per client (the core's --partition mix: the rarest digit's 5,421 over 10)
     "delays": "lognormal",
     "delay_sigma": 0.5,      # job-to-job spread of log τ on one client: coefficient of variation 0.53
     "tau_profile": "lognormal",
@@ -111,6 +111,7 @@ def spec_for(setting: Setting, method: Method, value: float, seed: int, budget: 
         options["concurrency"] = c
     fields = {k: v for k, v in MODEL.items() if k != "partition_size"}
     return RunSpec(task="mnist", strategy=method.strategy, options=options, dirichlet_alpha=setting.dirichlet,
+                   partition="mix",  # every client draws its digit mix, all of the same size (fl_rescaled.data)
                    seed=int(seed), budget=float(budget), eval_every=float(eval_every), workers=1, torch_threads=1,
                    **{method.knob: float(value)}, **fields)
 

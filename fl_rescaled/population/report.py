@@ -75,7 +75,7 @@ def population_lines(cfg: PopulationConfig, runner: Runner) -> list[str]:
             continue
         if a == 0:
             L.append(f"- **α = 0**: one digit per client, 10 clients per digit, {info[0]['size']} examples each: the "
-                     "core's partition (`fl_rescaled.data.partition_labels`).")
+                     "core's partition (`fl_rescaled.data.partition_labels`; `split` and `mix` agree at α = 0).")
         else:
             mean_cls = sum(p["classes_per_client_mean"] for p in info) / len(info)
             shared = max(p["shared_examples"] for p in info)
@@ -83,9 +83,9 @@ def population_lines(cfg: PopulationConfig, runner: Runner) -> list[str]:
                      f"Dirichlet({a:g}·1), then {m['partition_size']} examples from it): {mean_cls:.1f} digits per "
                      f"client on average; at most {shared:,} of the {m['num_clients'] * m['partition_size']:,} "
                      "example slots hold an example another client holds too (digits asked for more often than "
-                     "they occur). The core's Dirichlet partition trims every client to the smallest, which "
-                     f"leaves {_span([p['core_trimmed_size'] for p in info])} examples per client here "
-                     "(`fl_rescaled/population/partition.py`).")
+                     "they occur). This is the core's `--partition mix`; its default, `split`, trims every "
+                     f"client to the smallest, which leaves {_span([p['core_trimmed_size'] for p in info])} "
+                     "examples per client here (`fl_rescaled/data/partition.py`).")
     return L
 
 
