@@ -90,11 +90,11 @@ QUICK = {"budget": 4.0, "seeds": 1, "eval_points": 2, "max_extend": 0, "grid": "
 def fedavg_concurrency(setting: Setting) -> int:
     """FedAvg's C: the setting's, except at C = N, where it is the mean number of clients online.
 
-    With C = N the engine's synchronous round (``MinibatchSGD``) waits for every online client and a
-    client that comes online joins the round in progress, so under the daily cycle (a client comes
-    online every P/N time units) a round hardly ever closes: one round in a budget of 100, measured.
     Sampling d·N = 50 clients per round gives FedAvg as many clients per round as the asynchronous
-    methods have in flight at C = N.
+    methods have in flight at C = N. (Chosen when the engine's synchronous round at C = N let a client
+    that came online join the round in progress, so that under the daily cycle a round hardly ever
+    closed: one round in a budget of 100. A round is now the clients online at its start; the choice
+    stays, so that the study's stored runs stay valid.)
     """
     n = MODEL["num_clients"]
     if setting.concurrency < n:
