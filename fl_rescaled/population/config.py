@@ -23,7 +23,7 @@ from fl_rescaled.paper.config import default_workers
 #: The population model, the same in every setting and in quick mode (only the budget changes there).
 MODEL: dict[str, Any] = {
     "num_clients": 100,
-    "partition_size": 542,   # examples per client (what α = 0 gives: the rarest digit's 5,421 over 10 clients)
+    "partition_size": 542,   # examples per client (the core's --partition mix: the rarest digit's 5,421 over 10)
     "delays": "lognormal",
     "delay_sigma": 0.5,      # job-to-job spread of log τ on one client: coefficient of variation 0.53
     "tau_profile": "lognormal",
@@ -90,11 +90,11 @@ QUICK = {"budget": 4.0, "seeds": 1, "eval_points": 2, "max_extend": 0, "grid": "
 def fedavg_concurrency(setting: Setting) -> int:
     """FedAvg's C: the setting's, except at C = N, where it is the mean number of clients online.
 
-    With C = N the engine's synchronous round (``MinibatchSGD``) waits for every online client and a
-    client that comes online joins the round in progress, so under the daily cycle (a client comes
-    online every P/N time units) a round hardly ever closes: one round in a budget of 100, measured.
     Sampling d·N = 50 clients per round gives FedAvg as many clients per round as the asynchronous
-    methods have in flight at C = N.
+    methods have in flight at C = N. (Chosen when the engine's synchronous round at C = N let a client
+    that came online join the round in progress, so that under the daily cycle a round hardly ever
+    closed: one round in a budget of 100. A round is now the clients online at its start; the choice
+    stays, so that the study's stored runs stay valid.)
     """
     n = MODEL["num_clients"]
     if setting.concurrency < n:
@@ -111,6 +111,7 @@ def spec_for(setting: Setting, method: Method, value: float, seed: int, budget: 
         options["concurrency"] = c
     fields = {k: v for k, v in MODEL.items() if k != "partition_size"}
     return RunSpec(task="mnist", strategy=method.strategy, options=options, dirichlet_alpha=setting.dirichlet,
+                   partition="mix",  # every client draws its digit mix, all of the same size (fl_rescaled.data)
                    seed=int(seed), budget=float(budget), eval_every=float(eval_every), workers=1, torch_threads=1,
                    **{method.knob: float(value)}, **fields)
 

@@ -75,7 +75,7 @@ def population_lines(cfg: PopulationConfig, runner: Runner) -> list[str]:
             continue
         if a == 0:
             L.append(f"- **α = 0**: one digit per client, 10 clients per digit, {info[0]['size']} examples each: the "
-                     "core's partition (`fl_rescaled.data.partition_labels`).")
+                     "core's partition (`fl_rescaled.data.partition_labels`; `split` and `mix` agree at α = 0).")
         else:
             mean_cls = sum(p["classes_per_client_mean"] for p in info) / len(info)
             shared = max(p["shared_examples"] for p in info)
@@ -83,9 +83,9 @@ def population_lines(cfg: PopulationConfig, runner: Runner) -> list[str]:
                      f"Dirichlet({a:g}·1), then {m['partition_size']} examples from it): {mean_cls:.1f} digits per "
                      f"client on average; at most {shared:,} of the {m['num_clients'] * m['partition_size']:,} "
                      "example slots hold an example another client holds too (digits asked for more often than "
-                     "they occur). The core's Dirichlet partition trims every client to the smallest, which "
-                     f"leaves {_span([p['core_trimmed_size'] for p in info])} examples per client here "
-                     "(`fl_rescaled/population/partition.py`).")
+                     "they occur). This is the core's `--partition mix`; its default, `split`, trims every "
+                     f"client to the smallest, which leaves {_span([p['core_trimmed_size'] for p in info])} "
+                     "examples per client here (`fl_rescaled/data/partition.py`).")
     return L
 
 
@@ -114,12 +114,13 @@ def method_lines(cfg: PopulationConfig) -> list[str]:
               "grid (extended by one step of the 1, 3, 10, … ladder past an edge that wins, at most "
               f"{cfg.max_extend} per direction); the other seeds run at that value. Starting grids were centred "
               "on one pilot run per method at a smaller budget.",
-          "", f"At C = N the engine's FedAvg round waits for every online client, and a client that comes online "
-              "joins the round in progress, so under the daily cycle a round hardly ever closes (one round in a "
-              f"budget of 100, measured); FedAvg samples C = {fedavg_concurrency(cfg.settings[-1])} (= d·N, the "
-              "mean number online) per round there. At C = N the engine gives Rescaled(rate) the compute times "
-              "τ_i as its delivery periods (every online client always busy), so Rescaled(rate) and Rescaled(τ) "
-              "are the same run there."]
+          "", f"At C = N FedAvg samples C = {fedavg_concurrency(cfg.settings[-1])} (= d·N, the mean number "
+              "online) per round, as many clients as the asynchronous methods have in flight there. (The study "
+              "was designed when the engine's FedAvg round at C = N let a client that came online join the round "
+              "in progress, so that under the daily cycle a round hardly ever closed; a round is now the clients "
+              "online at its start.) At C = N Rescaled(rate) reads each client's delivery period estimated from "
+              "its deliveries, as at C = 10: a client busy whenever it is online delivers less often than 1/τ_i, "
+              "by its share of time online and the jobs it loses going offline."]
     return L
 
 
@@ -220,8 +221,9 @@ def verdict_lines(verdicts: list[Verdict], same_runs: list[str]) -> list[str]:
          "others they overlap (the difference is within the seed-to-seed spread)."]
     if same_runs:
         L += ["", "Rescaled(rate) and Rescaled(τ) gave the same runs (same chosen α, same final loss for every seed) in "
-                  + ", ".join(f"`{s}`" for s in same_runs) + ": there every online client is always busy, and the "
-                  "engine takes τ_i as the delivery period."]
+                  + ", ".join(f"`{s}`" for s in same_runs) + ": runs computed before the engine estimated the "
+                  "delivery periods at C = N with an availability model (it took τ_i, as if every client were "
+                  "always online)."]
     for title, outcome, none in (("## Where Rescaled(rate) wins", "wins", "nowhere"),
                                  ("## Where Rescaled(rate) ties (its number equals the best other's)", "ties", "nowhere"),
                                  (NOT_WIN, "loses", "nowhere: it is never worse than the best other method")):

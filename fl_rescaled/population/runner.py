@@ -11,16 +11,19 @@ import multiprocessing as mp
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from fl_rescaled.experiment import resolve, run
+import numpy as np
+
+from fl_rescaled.data import load_mnist, mix_size, partition_labels, shared_examples
+from fl_rescaled.experiment import RunSpec, resolve, run
 from fl_rescaled.paper.runner import worker_init
 from fl_rescaled.paper.storage import SCHEMA, read_json, run_paths, store_run
 from fl_rescaled.paper.sweep import RunKey, Sweep, clean
 
 from .config import BY_NAME, MODEL, SETTINGS, Method, PopulationConfig, Setting, model_tag, spec_for
-from .partition import install
 
 Job = dict[str, Any]  # one run, as sent to a worker process (plain data)
 
@@ -47,6 +50,26 @@ class HalfDecadeSweep(Sweep):
             self.alphas[0] = half_step(low, up=False)
 
 
+@lru_cache(maxsize=1)
+def _train_labels(data_dir: str | None) -> np.ndarray:
+    return load_mnist(data_dir).train_y  # (once per process: every run of a worker process reads the same)
+
+
+def partition_info(spec: RunSpec) -> dict[str, Any]:
+    """What the partition of ``spec`` (resolved) is, for the report: the core's (``--partition mix``)."""
+    labels = _train_labels(spec.data_dir)
+    size = mix_size(labels, spec.num_clients)
+    if size != MODEL["partition_size"]:
+        raise ValueError(f"the mix partition gives {size} examples per client, the study says {MODEL['partition_size']}")
+    if spec.dirichlet_alpha == 0:
+        return {"kind": "one class per client (fl_rescaled.data.partition_labels)", "size": size}
+    parts = partition_labels(labels, spec.num_clients, spec.dirichlet_alpha, spec.seed, scheme=spec.partition)
+    return {"kind": f"per-client Dirichlet({spec.dirichlet_alpha:g}) label mix, equal sizes", "size": size,
+            "classes_per_client_mean": float(np.mean([np.unique(labels[i]).size for i in parts])),
+            "shared_examples": shared_examples(parts),
+            "core_trimmed_size": len(partition_labels(labels, spec.num_clients, spec.dirichlet_alpha, spec.seed)[0])}
+
+
 def execute(job: Job) -> dict[str, Any]:
     """Compute one run and store it (CSV history, then the JSON record); returns its record, or
     {"error": ...}. Module-level, so worker processes can run it."""
@@ -56,7 +79,7 @@ def execute(job: Job) -> dict[str, Any]:
     t0 = time.perf_counter()
     try:
         spec = resolve(spec_for(setting, method, job["value"], job["seed"], job["budget"], job["eval_every"]))
-        partition = install(spec, MODEL["partition_size"])
+        partition = partition_info(spec)
         outcome = run(spec)
     except Exception as exc:  # noqa: BLE001 - reported to the driver, which counts the run as failed
         return {"error": f"{type(exc).__name__}: {exc}", "key": key.__dict__}

@@ -39,6 +39,7 @@ TASK_KEYS = (
     "num-partitions",
     "batch-size",
     "dirichlet-alpha",
+    "partition",
     "data-dir",
     "quad-a",
     "quad-b",

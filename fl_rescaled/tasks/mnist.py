@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..data import load_mnist, normalize, partition_labels
+from ..data import PARTITION_SCHEMES, load_mnist, normalize, partition_labels
 
 # Received models are read-only views of the message bytes; the gradient code never writes them.
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
@@ -33,9 +33,16 @@ class MnistTask:
         data_dir: str | None = None,
         batch_size: int = 64,
         weights: Sequence[float] | None = None,
+        *,
+        partition: str = "split",
     ) -> None:
+        """``partition``: how the training set is split among the clients, ``split`` or ``mix``
+        (``fl_rescaled.data.partition``: with ``mix`` every client has the same size whatever α)."""
         self.num_partitions = int(num_partitions)
         self.alpha = float(dirichlet_alpha)
+        if partition not in PARTITION_SCHEMES:
+            raise ValueError(f"unknown partition {partition!r}; choose one of {PARTITION_SCHEMES}")
+        self.partition_scheme = partition
         self.seed = int(seed)
         self.data_dir = data_dir or None
         self.batch_size = int(batch_size)
@@ -69,7 +76,8 @@ class MnistTask:
 
             data = load_mnist(self.data_dir)
             self.source = data.source
-            idx = partition_labels(data.train_y, self.num_partitions, self.alpha, self.seed)
+            idx = partition_labels(data.train_y, self.num_partitions, self.alpha, self.seed,
+                                   scheme=self.partition_scheme)
             self._parts = [
                 (torch.from_numpy(normalize(data.train_x[i])), torch.from_numpy(data.train_y[i]))
                 for i in idx

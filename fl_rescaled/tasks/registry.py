@@ -67,6 +67,7 @@ def _build_task(cfg: dict[str, Any]):
             str(cfg.get("data-dir", "")) or None,
             int(cfg.get("batch-size", 64)),
             weights,
+            partition=str(cfg.get("partition", "split")),
         )
     raise ValueError(f"unknown task {name!r}; choose one of {TASKS}")
 
