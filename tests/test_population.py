@@ -271,3 +271,23 @@ def test_with_availability_at_c_equal_n_rate_rescaling_uses_the_delivery_periods
     n = delivered["tau"]
     assert abs(points["tau"] - float(n @ np.array(kw["quad_b"]) / n.sum())) < 0.15, points
     assert points["rate"] - points["tau"] > 0.4
+
+
+@pytest.mark.parametrize("strategy", ["rescaled", "vanilla"])
+def test_a_client_whose_job_ends_as_it_goes_offline_gets_work_when_it_returns(tmp_path, strategy):
+    """C = N, τ = 1, clients 2 and 3 online for [20k, 20k + 10): each window's last job ends exactly
+    when the client goes offline, so it is delivered, not lost, and then the client is offline with no
+    job. It must get one when it comes back: online half the time, it delivers half as often as
+    clients 0 and 1 (10 per window, 50 windows). (Before, such a client never got another job and
+    delivered 10 in all.)"""
+    budget = 1000
+    trace = tmp_path / "online.csv"
+    rows = ["client,start,end", f"0,0,{budget + 1}", f"1,0,{budget + 1}"]
+    trace.write_text("\n".join(rows + [f"{c},{s},{s + 10}" for c in (2, 3) for s in range(0, budget, 20)]) + "\n")
+    out = run(RunSpec(task="quadratic", strategy=strategy, taus=[1.0] * 4, quad_b=[0.0, 0.0, 4.0, 4.0],
+                      availability="trace", availability_trace=str(trace), budget=budget, eval_every=budget,
+                      lr=0.01))
+    n = out["updates_per_worker"]
+    assert n[0] == n[1] == budget
+    assert n[2] == n[3] == budget // 2, n
+    assert out["books"]["lost"] == 0  # every job ends as its window does: none is cut

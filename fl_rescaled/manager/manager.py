@@ -170,6 +170,8 @@ class AsyncClientManager:
         if worker is None:
             if self.population.sampled and self.source.virtual:
                 self.source.park(self.population.idle_workers())
+            elif self.source.virtual and after is not None:  # C = N: its job ended as it went offline
+                self.source.returns(np.array([after]))  # (it gets work when it comes back)
             return None
         return self.send(worker, model, version, config, carried)
 

@@ -101,7 +101,7 @@ def restore(m: AsyncClientManager, state: ManagerState, concurrency: int | None,
         m.clock.delays.restore(state.delays)
         m.source.last_delivery = state.last_delivery
         m.source.resume(state.jobs, state.free_at)
-        m.source._events = list(state.events)  # noqa: SLF001 - (a heap already)
+        m.source.set_events(state.events)
         m.source.woken = state.woken
         return 0
     m.clock.restart(state.clock_now)

@@ -48,6 +48,7 @@ class VirtualSource:
         self._heap: list[tuple[float, int, int, str]] = []  # (time, worker, job id, message id)
         self._cut: dict[str, float] = {}  # jobs whose client goes offline before they finish
         self._events: list[tuple[float, int, int]] = []  # (time, kind, worker)
+        self._returning: set[int] = set()  # workers with a JOINED event pending (one each)
         self.woken = 0  # slots that waited for a client to come back, and can be filled now
         self.last_delivery = np.zeros(0)  # C < N, periods estimated: each worker's last accepted reply
 
@@ -83,8 +84,17 @@ class VirtualSource:
         """Tell the manager when each of ``workers`` (offline now) comes online (``joined``)."""
         if self.availability is not None and workers.size:
             for w, t in zip(workers.tolist(), self.availability.next_on_many(workers, self.clock.now).tolist()):
-                if np.isfinite(t):
-                    heapq.heappush(self._events, (t, JOINED, w))
+                self._return_at(w, t)
+
+    def _return_at(self, worker: int, t: float) -> None:
+        if np.isfinite(t) and worker not in self._returning:
+            self._returning.add(worker)
+            heapq.heappush(self._events, (t, JOINED, worker))
+
+    def set_events(self, events: list[tuple[float, int, int]]) -> None:
+        """The pending events of a resumed run (a heap already)."""
+        self._events = list(events)
+        self._returning = {w for _, kind, w in events if kind == JOINED}
 
     def park(self, idle: np.ndarray) -> None:
         """A slot found no idle client online: wake it when the first of ``idle`` comes back."""
@@ -107,6 +117,7 @@ class VirtualSource:
             t, kind, worker = heapq.heappop(events)
             self.clock.advance(t)
             if kind == JOINED:
+                self._returning.discard(worker)
                 self.membership.joined.append(worker)
             else:
                 self.woken += 1
@@ -119,9 +130,7 @@ class VirtualSource:
             heapq.heappop(heap)
             self.clock.advance(off)
             self.transport.grid.discard_messages([job.message_id])
-            back = self.availability.next_on(job.worker, off)  # type: ignore[union-attr]
-            if np.isfinite(back):
-                heapq.heappush(events, (back, JOINED, job.worker))
+            self._return_at(job.worker, self.availability.next_on(job.worker, off))  # type: ignore[union-attr]
             return job, None, off, "offline"
         t0 = time.perf_counter()
         reply = self.transport.await_reply(job)
