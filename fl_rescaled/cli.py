@@ -25,6 +25,7 @@ from .checkpoints import CheckpointError
 from .data import DataUnavailable
 from .data.partition import PartitionError
 from .errors import RunFailed, one_line
+from .reporting import rejected_lines
 from .manager import ManagerSettings
 from .runspec import RunSpec, manager_settings, run_settings
 from .settings import Setting
@@ -125,7 +126,7 @@ def print_table(outcomes: list[dict[str, Any]]) -> None:
     quad = outcomes[0]["task"] == "quadratic"
     metric = "|x - x*|" if quad else "accuracy"
     head = (f"{'strategy':<16}{'α':>7}{'final loss':>12}{metric:>10}{'worst client':>14}{'updates':>9}"
-            f"{'discarded':>10}{'idle':>7}{'memory':>8}{'wall s':>8}")
+            f"{'rejected':>9}{'discarded':>10}{'idle':>7}{'memory':>8}{'wall s':>8}")
     print(head)
     print("-" * len(head))
     for o in outcomes:
@@ -133,10 +134,10 @@ def print_table(outcomes: list[dict[str, Any]]) -> None:
         worst = o["worst_client_loss"] if o.get("worst_client_loss") is not None else float("nan")
         idle = o["idle_share_mean"]
         print(f"{o['strategy']:<16}{o['lr']:>7g}{o['final_loss']:>12.4g}{(extra if extra is not None else float('nan')):>10.4g}"
-              f"{worst:>14.4g}{o['num_updates']:>9}{o['books']['discarded']:>10}{idle:>7.1%}"
+              f"{worst:>14.4g}{o['num_updates']:>9}{o['books']['rejected']:>9}{o['books']['discarded']:>10}{idle:>7.1%}"
               f"{o['stored_vectors_max']:>8}{o['wall_seconds']:>8.1f}")
     print("idle: mean share of time a worker sat idle; memory: most model-sized vectors the server held;"
-          " discarded: finished or cancelled jobs whose work was thrown away")
+          " rejected: replies that failed validation; discarded: finished or cancelled jobs whose work was thrown away")
     if quad:
         for o in outcomes:
             print(f"  {o['strategy']:<14} final x = {[round(v, 6) for v in o['final_params']]}")
@@ -197,6 +198,11 @@ def main(argv: list[str] | None = None) -> int:
     if outcomes and outcomes[0].get("data_source") and not args.json:
         print(f"MNIST source: {outcomes[0]['data_source']}")
     print_table(outcomes)
+    sys.stdout.flush()
+    for o in outcomes:  # a client none of whose replies was used, named (one line each)
+        found = [(d["client"], d["rejected"], d["reasons"]) for d in o.get("all_rejected", [])]
+        for line in rejected_lines(found, lambda w, name=o["strategy"]: f"{name}: client {w}"):
+            sys.stderr.write(f"run_sim.py: warning: {line}\n")
     for o in outcomes:
         if o.get("csv"):
             print(f"wrote {o['csv']} and {o['png']}")

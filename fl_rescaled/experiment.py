@@ -32,7 +32,8 @@ from .layout import decode_array
 from .manager import ManagerObserver
 from .manager.books import PER_WORKER_ROWS
 from .metrics import plot_curves, write_history_csv
-from .runspec import RunSpec, default_taus
+from .reporting import all_rejected
+from .runspec import RunSpec, default_taus, reachable
 from .runstate import Checkpointing
 from .stepsizes import vanilla_stepsize
 from .strategies import AsyncStrategy, options
@@ -58,6 +59,7 @@ def resolve(spec: RunSpec) -> RunSpec:
     """``spec.resolved()``, with the strategy's own checks of its options (a bad one fails here)."""
     s = spec.resolved()
     strategy = make_strategy(s)
+    reachable(s, strategy)
     if s.lr is None and not strategy.lr_per_run:  # (else α is the run's: see the outcome's "lr")
         s.lr = strategy.lr
     concurrency = getattr(strategy, "concurrency", None)
@@ -307,6 +309,7 @@ def _outcome(spec: RunSpec, driver, history: list[dict[str, Any]], params: np.nd
         "client_losses": final.get("client_losses"),
         "worst_client_loss": final.get("worst_client_loss"),
         "rejected": books.failures(),
+        "all_rejected": [{"client": w, "rejected": k, "reasons": r} for w, k, r in all_rejected(books)[:PER_WORKER_ROWS]],
         "stray": dict(books.stray),
         "discarded_per_worker": final.get("discarded_per_worker"),
         "wasted_time": final.get("wasted_time", 0.0),

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .availability import KINDS as AVAILABILITY_KINDS
 from .clock import DELAY_KINDS, tau_stats
 from .delays import TAU_PROFILES, tau_profile
@@ -31,6 +33,12 @@ from .tasks import TASKS
 MAX_CLIENTS = 1_000_000
 #: The most evaluations a run may ask for (``budget / eval_every``).
 MAX_EVALUATIONS = 1_000_000
+#: The most replies a simulated run may expect (budget × the replies per time unit): beyond, the run
+#: would not end in any useful time (``--budget 1e300``, ``--taus 1e-300,1``).
+MAX_EVENTS = 1_000_000_000
+#: A wall-clock run's budget in seconds (budget × time unit): at least a millisecond (a budget that
+#: ends before a reply can arrive), at most a year (one that never ends).
+WALL_SECONDS = (1e-3, 365 * 86400.0)
 
 
 def default_taus(n: int) -> list[float]:
@@ -138,6 +146,7 @@ class RunSpec:
             raise ValueError("--checkpoint-every needs --out (or --resume): the folder the checkpoint goes to")
         if s.workers is None:
             s.workers = available_cores()
+        bounded(s)
         if s.eval_every is not None and s.budget / s.eval_every > MAX_EVALUATIONS:
             raise ValueError(f"--eval-every {s.eval_every:g} asks for more than {MAX_EVALUATIONS:,} evaluations "
                              f"of a {s.budget:g}-unit budget")
@@ -181,6 +190,61 @@ class RunSpec:
             if self.quad_b is not None:
                 cfg["quad-b"] = list(self.quad_b)
         return cfg
+
+
+def bounded(s: RunSpec) -> None:
+    """Refuse a budget that no run could use up or end: too short to evaluate or see a reply, or
+    (more than ``MAX_EVENTS`` replies expected, or a wall-clock run of more than a year) unbounded."""
+    if s.eval_every is None and not s.budget / 200.0 > 0:
+        raise ValueError(f"--budget {s.budget:g} is too small to split into evaluation periods")
+    if s.clock == "wall":
+        seconds = s.budget * s.time_unit
+        if not WALL_SECONDS[0] <= seconds <= WALL_SECONDS[1]:
+            raise ValueError(f"--budget {s.budget:g} × --time-unit {s.time_unit:g} is {seconds:.3g} s of wall "
+                             f"clock; a run needs between {WALL_SECONDS[0]:g} s and a year")
+        return
+    events = expected_replies(s)
+    if events > MAX_EVENTS:
+        raise ValueError(f"--budget {s.budget:g} with τ from {min(s.taus):g} asks for about {events:.3g} replies, "
+                         f"more than {MAX_EVENTS:.0e}: the run would not end; lower --budget or raise --taus")
+
+
+def expected_replies(s: RunSpec, jobs_per_node: int | None = None, concurrency: int | None = None) -> float:
+    """About how many replies a simulated run with every client busy gets in its budget: budget × the
+    jobs in flight × their mean rate (Σ 1/τ_i per job and client; with C < n jobs in flight, C × the
+    mean 1/τ_i)."""
+    n = len(s.taus)
+    jobs = jobs_per_node if jobs_per_node is not None else int(s.options.get("jobs_per_node") or 1)
+    c = concurrency if concurrency is not None else s.options.get("concurrency")
+    with np.errstate(over="ignore", divide="ignore"):
+        rate = float(np.sum(1.0 / np.asarray(s.taus, np.float64)))
+    rate = rate * c / n if c is not None and c < n else rate * jobs
+    return s.budget * rate
+
+
+def reachable(s: RunSpec, strategy: Any) -> None:
+    """Refuse settings that cannot make one update within the budget, where that is known before the
+    run: fixed compute times on the virtual clock, where client i delivers at most ⌊budget / τ_i⌋
+    replies per job it holds (availability and concurrency only lower that)."""
+    if s.clock != "virtual" or s.delays != "fixed" or s.speed_drift is not None or s.speed_switch is not None:
+        return
+    taus = np.asarray(s.taus, np.float64)
+    most = np.floor(s.budget / taus) * strategy.jobs_per_node  # replies each client can deliver at most
+    if most.sum() == 0:
+        raise ValueError(f"--budget {s.budget:g} is shorter than the fastest client's compute time "
+                         f"(τ = {taus.min():g}): no reply can arrive")
+    if strategy.name == "fedbuff" and strategy.K > most.sum():
+        raise ValueError(f"--fedbuff-buffer-size {strategy.K} needs that many replies for one update; the budget "
+                         f"allows at most {int(most.sum()):,}")
+    if strategy.name == "malenia" and s.availability == "always":
+        n = taus.size
+        if (most == 0).any():
+            raise ValueError(f"--budget {s.budget:g}: a Malenia round waits for every client, and the slowest "
+                             f"(τ = {taus.max():g}) cannot deliver in it")
+        if strategy.S is not None and n / np.sum(1.0 / most) <= strategy.S / n:
+            raise ValueError(f"--malenia-s {strategy.S:g}: a round closes once the harmonic mean of the clients' "
+                             f"gradient counts exceeds S/n = {strategy.S / n:.3g}; the budget allows at most "
+                             f"{n / np.sum(1.0 / most):.3g}")
 
 
 def available_cores() -> int:
