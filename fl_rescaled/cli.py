@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import warnings
 from typing import Any
 
 from . import experiment, flower_sim, paper, population
@@ -27,7 +28,7 @@ from .data.partition import PartitionError
 from .errors import RunFailed, one_line
 from .reporting import rejected_lines
 from .manager import ManagerSettings
-from .runspec import RunSpec, manager_settings, run_settings
+from .runspec import APPLIES_TO, RunSpec, ignored, manager_settings, run_settings
 from .settings import Setting
 from .strategies import STRATEGIES, options
 
@@ -116,7 +117,8 @@ def specs_from_args(args: argparse.Namespace) -> list[RunSpec]:
     for name in names:
         opts = {key.split(":")[2]: v for key, v in given.items()
                 if key.startswith("opt:") and key.split(":")[1] in ("", name)}
-        spec = RunSpec(strategy=name, options=opts, progress=not args.no_progress and sys.stderr.isatty(), **fields)
+        spec = RunSpec(strategy=name, options=opts, progress=not args.no_progress and sys.stderr.isatty(),
+                       checkpoint_name=f"run-{name}.ckpt" if len(names) > 1 else None, **fields)
         specs.append(experiment.resolve(spec))
     return specs
 
@@ -162,7 +164,18 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[RunSpec]]:
             raise ValueError(f"unknown engine {args.engine!r}; choose inprocess or flower")
     except ValueError as exc:
         parser.error(str(exc))
+    given = {key.split(":")[1] for key, v in vars(args).items() if v is not None and key.startswith(("run:", "manager:"))}
+    unused = set.intersection(*(ignored(spec, experiment.make_strategy(spec).reply, given) for spec in specs))
+    for name in sorted(unused):  # a flag that changes nothing: one line each
+        sys.stderr.write(f"run_sim.py: warning: --{name.replace('_', '-')} is ignored: it applies to "
+                         f"{APPLIES_TO[name][0]} only\n")
     return args, specs
+
+
+def _warning_line(message, category, filename, lineno, file=None, line=None) -> None:
+    """A Python warning (numpy's overflow in a client's arithmetic, say) as one line on stderr."""
+    sys.stderr.write(f"run_sim.py: warning: {one_line(message)} ({category.__name__}, "
+                     f"{filename.rsplit('/', 1)[-1]}:{lineno})\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,6 +185,13 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "population":  # a population study: python run_sim.py population [--quick] ...
         return population.main(argv[1:])
     args, specs = parse(argv)
+    try:
+        for spec in specs:  # before any work: a bad --out fails now, not after the run
+            spec.prepare_out()
+    except ValueError as exc:
+        sys.stderr.write(f"run_sim.py: error: {one_line(exc)}\n")
+        return 2
+    warnings.showwarning = _warning_line
     logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR,
                         format="%(levelname)s %(name)s: %(message)s")
     for name in ("flwr", "flwr.fl_rescaled"):
