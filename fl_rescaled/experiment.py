@@ -66,9 +66,10 @@ def resolve(spec: RunSpec) -> RunSpec:
                                             ("availability-trace", s.availability == "trace")) if on]
             why = f"{exc.filename}: {exc.strerror}" if isinstance(exc, OSError) else str(exc)
             raise ValueError(f"{' / '.join(flags) or '--delays'}: {why}") from None
-        if s.delays == "trace":  # (the clients' τ are the trace's means)
-            bounded(dataclasses.replace(s, taus=delays.means().tolist()))
     strategy = make_strategy(s)
+    # (a trace's clients: their τ are its means)
+    bounded(dataclasses.replace(s, taus=delays.means().tolist()) if s.delays == "trace" and s.clock == "virtual"
+            else s, strategy)
     reachable(s, strategy)
     if s.lr is None and not strategy.lr_per_run:  # (else α is the run's: see the outcome's "lr")
         s.lr = strategy.lr

@@ -151,7 +151,6 @@ class RunSpec:
             raise ValueError("--checkpoint-every needs --out (or --resume): the folder the checkpoint goes to")
         if s.workers is None:
             s.workers = available_cores()
-        bounded(s)
         if s.eval_every is not None and s.budget / s.eval_every > MAX_EVALUATIONS:
             raise ValueError(f"--eval-every {s.eval_every:g} asks for more than {MAX_EVALUATIONS:,} evaluations "
                              f"of a {s.budget:g}-unit budget")
@@ -220,7 +219,7 @@ class RunSpec:
         return cfg
 
 
-def bounded(s: RunSpec) -> None:
+def bounded(s: RunSpec, strategy: Any) -> None:
     """Refuse a budget that no run could use up or end: too short to evaluate or see a reply, or
     (more than ``MAX_EVENTS`` replies expected, or a wall-clock run of more than a year) unbounded."""
     if s.eval_every is None and not s.budget / 200.0 > 0:
@@ -231,22 +230,20 @@ def bounded(s: RunSpec) -> None:
             raise ValueError(f"--budget {s.budget:g} × --time-unit {s.time_unit:g} is {seconds:.3g} s of wall "
                              f"clock; a run needs between {WALL_SECONDS[0]:g} s and a year")
         return
-    events = expected_replies(s)
+    events = expected_replies(s, strategy.jobs_per_node, strategy.slots(len(s.taus)))
     if events > MAX_EVENTS:
         raise ValueError(f"--budget {s.budget:g} with τ from {min(s.taus):g} asks for about {events:.3g} replies, "
                          f"more than {MAX_EVENTS:.0e}: the run would not end; lower --budget or raise --taus")
 
 
-def expected_replies(s: RunSpec, jobs_per_node: int | None = None, concurrency: int | None = None) -> float:
+def expected_replies(s: RunSpec, jobs_per_node: int, slots: int) -> float:
     """About how many replies a simulated run with every client busy gets in its budget: budget × the
-    jobs in flight × their mean rate (Σ 1/τ_i per job and client; with C < n jobs in flight, C × the
-    mean 1/τ_i)."""
+    jobs in flight × their mean rate (Σ 1/τ_i for ``jobs_per_node`` jobs per client; with C < n
+    ``slots``, C × the mean 1/τ_i)."""
     n = len(s.taus)
-    jobs = jobs_per_node if jobs_per_node is not None else int(s.options.get("jobs_per_node") or 1)
-    c = concurrency if concurrency is not None else s.options.get("concurrency")
     with np.errstate(over="ignore", divide="ignore"):
         rate = float(np.sum(1.0 / np.asarray(s.taus, np.float64)))
-    rate = rate * c / n if c is not None and c < n else rate * jobs
+    rate = rate * slots / n if slots < n else rate * jobs_per_node
     faster = 1.0  # speeds that change can shorten jobs: a drift down to 1e-3 × (speeds.Drift's floor)
     if s.speed_drift is not None and s.speed_drift < 0:
         faster = 1e3
