@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, run_sim
+from test_checkpoint import KILLED_AT  # (run_sim.py SIGKILLed at its first event at or after a time)
 from fl_rescaled import RunFailed, cli
 from fl_rescaled.experiment import RunSpec, run
 
@@ -169,25 +170,6 @@ def test_runs_that_differ_in_any_setting_write_different_files(tmp_path):
     assert sorted(m["settings"]["budget"] for m in meta) == [20.0, 40.0]  # the JSON carries every setting
 
 
-#: ``run_sim.py`` SIGKILLed at its first event at or after ``sys.argv[1]`` (as in test_checkpoint).
-KILLED_AT = """
-import os, signal, sys
-from fl_rescaled import cli, experiment
-from fl_rescaled.manager import ManagerObserver
-
-at = float(sys.argv[1])
-
-
-class KillAt(ManagerObserver):
-    def handled(self, comp, x):
-        if comp.time >= at:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-
-run = experiment.run
-experiment.run = lambda spec, *a, **k: run(spec, *a, observers=[KillAt()], **k)
-sys.exit(cli.main(sys.argv[2:]))
-"""
 RESUMABLE = [*QUAD, "--json", "--taus", "1,2,3", "--quad-b", "0,3,-2", "--delays", "exponential", "--lr", "0.05",
              "--budget", "600", "--eval-every", "50", "--seed", "3"]
 
