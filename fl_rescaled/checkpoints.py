@@ -67,7 +67,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 
 def save_checkpoint(stem: str | Path, params: np.ndarray, summary: dict[str, Any]) -> tuple[Path, Path]:
     stem = Path(stem)
-    model_path, meta_path = stem.with_suffix(".npz"), stem.with_suffix(".json")
+    model_path, meta_path = _beside(stem, ".npz"), _beside(stem, ".json")
     flat = np.ascontiguousarray(params).reshape(-1)
     meta = {k: v for k, v in summary.items() if k not in ("history", "final_model")}
     meta["model_size"] = int(flat.size)
@@ -79,10 +79,15 @@ def save_checkpoint(stem: str | Path, params: np.ndarray, summary: dict[str, Any
     return model_path, meta_path
 
 
+def _beside(stem: Path, suffix: str) -> Path:
+    """``stem`` + ``suffix``, whatever dots the stem has (``with_suffix`` would cut ``lr0.05`` to ``lr0``)."""
+    return stem.with_name(stem.name + suffix)
+
+
 def load_checkpoint(stem: str | Path) -> tuple[np.ndarray, dict[str, Any]]:
     stem = Path(stem)
-    meta = json.loads(stem.with_suffix(".json").read_text())
-    with np.load(stem.with_suffix(".npz"), allow_pickle=False) as z:
+    meta = json.loads(_beside(stem, ".json").read_text())
+    with np.load(_beside(stem, ".npz"), allow_pickle=False) as z:
         model = z["model"]
     if model.ndim != 1 or model.size != int(meta["model_size"]):
         raise ValueError(f"checkpoint {stem}: model of size {model.size}, summary says {meta['model_size']}")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import warnings
 from typing import Any
 
 from . import experiment, flower_sim, paper, population
@@ -25,8 +26,9 @@ from .checkpoints import CheckpointError
 from .data import DataUnavailable
 from .data.partition import PartitionError
 from .errors import RunFailed, one_line
+from .reporting import rejected_lines
 from .manager import ManagerSettings
-from .runspec import RunSpec, manager_settings, run_settings
+from .runspec import APPLIES_TO, RunSpec, ignored, manager_settings, run_settings
 from .settings import Setting
 from .strategies import STRATEGIES, options
 
@@ -115,7 +117,8 @@ def specs_from_args(args: argparse.Namespace) -> list[RunSpec]:
     for name in names:
         opts = {key.split(":")[2]: v for key, v in given.items()
                 if key.startswith("opt:") and key.split(":")[1] in ("", name)}
-        spec = RunSpec(strategy=name, options=opts, progress=not args.no_progress and sys.stderr.isatty(), **fields)
+        spec = RunSpec(strategy=name, options=opts, progress=not args.no_progress and sys.stderr.isatty(),
+                       checkpoint_name=f"run-{name}.ckpt" if len(names) > 1 else None, **fields)
         specs.append(experiment.resolve(spec))
     return specs
 
@@ -125,7 +128,7 @@ def print_table(outcomes: list[dict[str, Any]]) -> None:
     quad = outcomes[0]["task"] == "quadratic"
     metric = "|x - x*|" if quad else "accuracy"
     head = (f"{'strategy':<16}{'α':>7}{'final loss':>12}{metric:>10}{'worst client':>14}{'updates':>9}"
-            f"{'discarded':>10}{'idle':>7}{'memory':>8}{'wall s':>8}")
+            f"{'rejected':>9}{'discarded':>10}{'idle':>7}{'memory':>8}{'wall s':>8}")
     print(head)
     print("-" * len(head))
     for o in outcomes:
@@ -133,10 +136,10 @@ def print_table(outcomes: list[dict[str, Any]]) -> None:
         worst = o["worst_client_loss"] if o.get("worst_client_loss") is not None else float("nan")
         idle = o["idle_share_mean"]
         print(f"{o['strategy']:<16}{o['lr']:>7g}{o['final_loss']:>12.4g}{(extra if extra is not None else float('nan')):>10.4g}"
-              f"{worst:>14.4g}{o['num_updates']:>9}{o['books']['discarded']:>10}{idle:>7.1%}"
+              f"{worst:>14.4g}{o['num_updates']:>9}{o['books']['rejected']:>9}{o['books']['discarded']:>10}{idle:>7.1%}"
               f"{o['stored_vectors_max']:>8}{o['wall_seconds']:>8.1f}")
     print("idle: mean share of time a worker sat idle; memory: most model-sized vectors the server held;"
-          " discarded: finished or cancelled jobs whose work was thrown away")
+          " rejected: replies that failed validation; discarded: finished or cancelled jobs whose work was thrown away")
     if quad:
         for o in outcomes:
             print(f"  {o['strategy']:<14} final x = {[round(v, 6) for v in o['final_params']]}")
@@ -161,7 +164,18 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[RunSpec]]:
             raise ValueError(f"unknown engine {args.engine!r}; choose inprocess or flower")
     except ValueError as exc:
         parser.error(str(exc))
+    given = {key.split(":")[1] for key, v in vars(args).items() if v is not None and key.startswith(("run:", "manager:"))}
+    unused = set.intersection(*(ignored(spec, experiment.make_strategy(spec).reply, given) for spec in specs))
+    for name in sorted(unused):  # a flag that changes nothing: one line each
+        sys.stderr.write(f"run_sim.py: warning: --{name.replace('_', '-')} is ignored: it applies to "
+                         f"{APPLIES_TO[name][0]} only\n")
     return args, specs
+
+
+def _warning_line(message, category, filename, lineno, file=None, line=None) -> None:
+    """A Python warning (numpy's overflow in a client's arithmetic, say) as one line on stderr."""
+    sys.stderr.write(f"run_sim.py: warning: {one_line(message)} ({category.__name__}, "
+                     f"{filename.rsplit('/', 1)[-1]}:{lineno})\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -171,6 +185,13 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "population":  # a population study: python run_sim.py population [--quick] ...
         return population.main(argv[1:])
     args, specs = parse(argv)
+    try:
+        for spec in specs:  # before any work: a bad --out fails now, not after the run
+            spec.prepare_out()
+    except ValueError as exc:
+        sys.stderr.write(f"run_sim.py: error: {one_line(exc)}\n")
+        return 2
+    warnings.showwarning = _warning_line
     logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR,
                         format="%(levelname)s %(name)s: %(message)s")
     for name in ("flwr", "flwr.fl_rescaled"):
@@ -197,6 +218,11 @@ def main(argv: list[str] | None = None) -> int:
     if outcomes and outcomes[0].get("data_source") and not args.json:
         print(f"MNIST source: {outcomes[0]['data_source']}")
     print_table(outcomes)
+    sys.stdout.flush()
+    for o in outcomes:  # a client none of whose replies was used, named (one line each)
+        found = [(d["client"], d["rejected"], d["reasons"]) for d in o.get("all_rejected", [])]
+        for line in rejected_lines(found, lambda w, name=o["strategy"]: f"{name}: client {w}"):
+            sys.stderr.write(f"run_sim.py: warning: {line}\n")
     for o in outcomes:
         if o.get("csv"):
             print(f"wrote {o['csv']} and {o['png']}")

@@ -33,7 +33,8 @@ from .grid_api import as_async_grid
 from .layout import ModelLayout
 from .manager import NODE_GONE, AsyncClientManager, Completion, Job, ManagerObserver, ManagerSettings
 from .metrics import ProgressBar
-from .reporting import AsyncResult, EvaluateFn, Evaluations, FederatedEvaluation, MetricWindow, report_result
+from .reporting import (AsyncResult, EvaluateFn, Evaluations, FederatedEvaluation, MetricWindow, all_rejected,
+                        no_update, rejected_lines, report_result)
 from .runstate import Checkpointing, EvalSchedule, RunState, budgets, load, save
 from .stepsizes import TauTable
 
@@ -266,6 +267,10 @@ class Driver(RunAPI):
         self._loop()
         self.evaluations.bar.close()
         self.wall_seconds = time.perf_counter() - wall0
+        for line in rejected_lines(all_rejected(manager.books), manager.membership.name):
+            log.warning("%s", line)
+        if manager.version == 0:  # (the initial model back is no result: say why)
+            raise RunFailed(self.check.failure(manager.books, no_update(manager.books)), manager.books_totals())
         result = AsyncResult()
         result.arrays = self.layout.to_record(state.x, state.carried)
         for target, metrics in ((result.train_metrics_clientapp, state.train_metrics),
@@ -298,7 +303,7 @@ class Driver(RunAPI):
             t = comp.time if comp is not None else (budget if math.isfinite(budget) else manager.clock.now)
             # Evaluation points strictly before this event see the model as it was; an event at
             # exactly an evaluation time is applied first (the model "at time t" includes it).
-            while schedule.next_time < t - 1e-12 or (comp is None and schedule.next_time <= budget * (1 + 1e-12)):
+            while schedule.next_time < min(t, budget) - 1e-12 or (comp is None and schedule.next_time <= budget * (1 + 1e-12)):
                 self.evaluate(schedule.next_time)
             if comp is None:
                 if math.isinf(budget):

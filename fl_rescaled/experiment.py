@@ -32,7 +32,8 @@ from .layout import decode_array
 from .manager import ManagerObserver
 from .manager.books import PER_WORKER_ROWS
 from .metrics import plot_curves, write_history_csv
-from .runspec import RunSpec, default_taus
+from .reporting import all_rejected
+from .runspec import RunSpec, bounded, default_taus, reachable
 from .runstate import Checkpointing
 from .stepsizes import vanilla_stepsize
 from .strategies import AsyncStrategy, options
@@ -57,12 +58,26 @@ def make_strategy(spec: RunSpec) -> AsyncStrategy:
 def resolve(spec: RunSpec) -> RunSpec:
     """``spec.resolved()``, with the strategy's own checks of its options (a bad one fails here)."""
     s = spec.resolved()
+    if s.clock == "virtual":  # trace files and speed changes are read and checked now, not mid-run
+        try:
+            delays = virtual_clock(s).delays
+        except (OSError, ValueError) as exc:  # (a trace file: name the flag that gave it)
+            flags = [f"--{k}" for k, on in (("delay-trace", s.delays == "trace"), ("speed-drift", s.speed_drift),
+                                            ("availability-trace", s.availability == "trace")) if on]
+            why = f"{exc.filename}: {exc.strerror}" if isinstance(exc, OSError) else str(exc)
+            raise ValueError(f"{' / '.join(flags) or '--delays'}: {why}") from None
     strategy = make_strategy(s)
+    # (a trace's clients: their τ are its means)
+    bounded(dataclasses.replace(s, taus=delays.means().tolist()) if s.delays == "trace" and s.clock == "virtual"
+            else s, strategy)
+    reachable(s, strategy)
     if s.lr is None and not strategy.lr_per_run:  # (else α is the run's: see the outcome's "lr")
         s.lr = strategy.lr
     concurrency = getattr(strategy, "concurrency", None)
     if concurrency is not None and concurrency > s.num_clients:
         raise ValueError(f"--concurrent-concurrency must be in 1..{s.num_clients}")
+    if strategy.min_available_nodes > s.num_clients:  # (it would wait for nodes that never come)
+        raise ValueError(f"--min-available-nodes must be in 1..{s.num_clients} (the run's clients)")
     return s
 
 
@@ -95,6 +110,7 @@ def run(spec: RunSpec, grid: Grid | None = None, *, clock: Clock | None = None,
         observers: list[ManagerObserver] | None = None) -> dict[str, Any]:
     """Run one experiment; return its results as a flat, JSON-ready dict."""
     spec = resolve(spec)
+    spec.prepare_out()
     cfg = spec.task_config()
     task = get_task(cfg)
     if hasattr(task, "prepare"):  # the data, before the run starts: DataUnavailable here, not in a job
@@ -110,9 +126,10 @@ def run(spec: RunSpec, grid: Grid | None = None, *, clock: Clock | None = None,
     out["staleness"] = timeline.staleness()
     if spec.out:
         odir = Path(spec.out)
-        stem = f"{spec.task}_{spec.strategy}_lr{out['lr']:g}_seed{spec.seed}"
+        stem = spec.output_stem(out["lr"])
         out["csv"] = str(write_history_csv(odir / f"{stem}.csv", driver.state.history))
-        out["checkpoint"] = str(save_checkpoint(odir / stem, params, out)[0])
+        settings = {k: v for k, v in dataclasses.asdict(spec).items() if k not in ("progress", "extra")}
+        out["checkpoint"] = str(save_checkpoint(odir / stem, params, {**out, "settings": settings})[0])
         out["png"] = str(plot_curves(odir / f"{stem}.png", {f"{spec.strategy} α={out['lr']:g}": driver.state.history},
                                      logy=spec.task == "mnist"))
         t_end, books = out["final_time"], driver.manager.books
@@ -245,7 +262,9 @@ def _checkpointing(spec: RunSpec) -> Checkpointing | None:
     if path is None:
         return None
     every = spec.checkpoint_every if spec.checkpoint_every is not None else math.inf
-    return Checkpointing(path, every, spec.fingerprint(), resume=spec.resume is not None)
+    # (one of several strategies: a checkpoint the killed command never wrote starts that run afresh)
+    resume = spec.resume is not None and (spec.checkpoint_name is None or path.exists())
+    return Checkpointing(path, every, spec.fingerprint(), resume=resume)
 
 
 def _set_torch_threads(threads: int) -> None:
@@ -307,6 +326,7 @@ def _outcome(spec: RunSpec, driver, history: list[dict[str, Any]], params: np.nd
         "client_losses": final.get("client_losses"),
         "worst_client_loss": final.get("worst_client_loss"),
         "rejected": books.failures(),
+        "all_rejected": [{"client": w, "rejected": k, "reasons": r} for w, k, r in all_rejected(books)[:PER_WORKER_ROWS]],
         "stray": dict(books.stray),
         "discarded_per_worker": final.get("discarded_per_worker"),
         "wasted_time": final.get("wasted_time", 0.0),

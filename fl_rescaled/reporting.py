@@ -286,3 +286,29 @@ def log_end(result: Result, wall_seconds: float) -> None:
     log.info("Strategy execution finished in %.2fs", wall_seconds)
     for line in str(result).splitlines():
         log.info("\t%s", line)
+
+
+def all_rejected(books: Any) -> list[tuple[int, int, dict[str, int]]]:
+    """The workers that had replies rejected and none used: (worker, rejected replies, their count by
+    reason)."""
+    used = books.count("applied") + books.count("unused")
+    rejected = books.count("rejected")
+    return [(int(w), int(rejected[w]), {key.split(".", 1)[1]: int(c[w]) for key, c in sorted(books.outcomes.items())
+                                        if key.startswith("rejected.") and c[w]})
+            for w in (used == 0).nonzero()[0] if rejected[w]]
+
+
+def rejected_lines(found: list[tuple[int, int, dict[str, int]]], name: Callable[[int], str],
+                   limit: int = 10) -> list[str]:
+    """One line per worker of ``all_rejected`` (the first ``limit``, then how many more)."""
+    lines = [f"{name(w)}: all {count} of its replies were rejected ("
+             + ", ".join(f"{reason}: {k}" for reason, k in reasons.items()) + ")" for w, count, reasons in found[:limit]]
+    return lines + [f"... and {len(found) - limit} more clients whose replies were all rejected"] * (len(found) > limit)
+
+
+def no_update(books: Any) -> str:
+    """Why a run that ended made no update, from its books."""
+    cols = books.per_worker()
+    return (f"it applied no update within its budget ({books.accepted} replies accepted, "
+            f"{int(cols['rejected'].sum())} rejected, {int(cols['lost'].sum())} lost, "
+            f"{int(cols['in-flight'].sum())} jobs still in flight)")

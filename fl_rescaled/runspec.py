@@ -15,8 +15,11 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from .availability import KINDS as AVAILABILITY_KINDS
 from .clock import DELAY_KINDS, tau_stats
@@ -32,6 +35,12 @@ from .tasks import TASKS
 MAX_CLIENTS = 1_000_000
 #: The most evaluations a run may ask for (``budget / eval_every``).
 MAX_EVALUATIONS = 1_000_000
+#: The most replies a simulated run may expect (budget × the replies per time unit): beyond, the run
+#: would not end in any useful time (``--budget 1e300``, ``--taus 1e-300,1``).
+MAX_EVENTS = 1_000_000_000
+#: A wall-clock run's budget in seconds (budget × time unit): at least a millisecond (a budget that
+#: ends before a reply can arrive), at most a year (one that never ends).
+WALL_SECONDS = (1e-3, 365 * 86400.0)
 
 
 def default_taus(n: int) -> list[float]:
@@ -120,6 +129,9 @@ class RunSpec:
     resume: str | None = setting(None, "a folder holding a run.ckpt of this same run: go on from it (give the same "
                                        "settings again; a checkpoint of another run is refused)")
     manager: ManagerSettings = field(default_factory=ManagerSettings, metadata={"cli": False})
+    #: The checkpoint's file name in its folder; None: ``run.ckpt``, and ``--resume`` needs it. A command
+    #: that runs several strategies names one per strategy (``run-vanilla.ckpt``), each resumed if present.
+    checkpoint_name: str | None = field(default=None, metadata={"cli": False})
     progress: bool = field(default=False, metadata={"cli": False})
     extra: dict[str, Any] = field(default_factory=dict, metadata={"cli": False})
 
@@ -137,7 +149,8 @@ class RunSpec:
                 s.num_clients, s.tau_profile, seed=s.seed, spread=s.tau_spread).tolist()
         if len(s.taus) != s.num_clients:
             raise ValueError(f"--taus has {len(s.taus)} values for {s.num_clients} clients")
-        tau_stats(s.taus)  # positive and finite
+        with np.errstate(all="ignore"):  # (τ near the float limits: refused below, without numpy's warnings)
+            tau_stats(s.taus)  # positive and finite
         if s.checkpoint_every is not None and s.out is None and s.resume is None:
             raise ValueError("--checkpoint-every needs --out (or --resume): the folder the checkpoint goes to")
         if s.workers is None:
@@ -154,17 +167,40 @@ class RunSpec:
             raise ValueError("--delays trace needs --delay-trace FILE")
         if s.availability == "trace" and not s.availability_trace:
             raise ValueError("--availability trace needs --availability-trace FILE")
-        if s.speed_switch is not None and len(s.speed_switch) not in (2, 3):
-            raise ValueError("--speed-switch: at,factor or at,factor,fraction")
+        switch = s.speed_switch
+        if switch is not None and (len(switch) not in (2, 3) or not switch[1] > 0
+                                   or not all(0 <= f <= 1 for f in switch[2:])):
+            raise ValueError("--speed-switch: at,factor or at,factor,fraction (factor > 0, fraction in [0, 1])")
         return s
 
     def checkpoint_path(self) -> Path | None:
         folder = self.resume or (self.out if self.checkpoint_every is not None else None)
-        return None if folder is None else Path(folder) / "run.ckpt"
+        return None if folder is None else Path(folder) / (self.checkpoint_name or "run.ckpt")
+
+    def prepare_out(self) -> None:
+        """Create the ``out`` folder (before any work) and check it takes files; ValueError, one line."""
+        if self.out is None:
+            return
+        folder = Path(self.out)
+        if folder.exists() and not folder.is_dir():
+            raise ValueError(f"--out {self.out} is a file; name a folder (it is created if missing)")
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ValueError(f"--out {self.out}: cannot create the folder ({exc.strerror or exc})") from None
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise ValueError(f"--out {self.out}: the folder is not writable")
+
+    def output_stem(self, lr: float) -> str:
+        """The name of the run's files in ``out``: task, strategy, α (every digit) and seed, then eight
+        hex digits of ``fingerprint``, so runs that differ in any other setting write other files."""
+        alpha = repr(float(lr))
+        alpha = alpha[:-2] if alpha.endswith(".0") else alpha
+        return f"{self.task}_{self.strategy}_lr{alpha}_seed{self.seed}_{self.fingerprint()[:8]}"
 
     def fingerprint(self) -> str:
         """What identifies this run's trajectory (not where it writes, nor how many threads compute it)."""
-        skip = {"out", "progress", "extra", "workers", "ahead", "checkpoint_every", "resume"}
+        skip = {"out", "progress", "extra", "workers", "ahead", "checkpoint_every", "resume", "checkpoint_name"}
         what = {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
         return hashlib.sha256(json.dumps(what, sort_keys=True, default=repr).encode()).hexdigest()
 
@@ -187,6 +223,100 @@ class RunSpec:
             if self.quad_b is not None:
                 cfg["quad-b"] = list(self.quad_b)
         return cfg
+
+
+def bounded(s: RunSpec, strategy: Any) -> None:
+    """Refuse a budget that no run could use up or end: too short to evaluate or see a reply, or
+    (more than ``MAX_EVENTS`` replies expected, or a wall-clock run of more than a year) unbounded."""
+    if s.eval_every is None and not s.budget / 200.0 > 0:
+        raise ValueError(f"--budget {s.budget:g} is too small to split into evaluation periods")
+    if s.clock == "wall":
+        seconds = s.budget * s.time_unit
+        if not WALL_SECONDS[0] <= seconds <= WALL_SECONDS[1]:
+            raise ValueError(f"--budget {s.budget:g} × --time-unit {s.time_unit:g} is {seconds:.3g} s of wall "
+                             f"clock; a run needs between {WALL_SECONDS[0]:g} s and a year")
+        return
+    events = expected_replies(s, strategy.jobs_per_node, strategy.slots(len(s.taus)))
+    if events > MAX_EVENTS:
+        raise ValueError(f"--budget {s.budget:g} with τ from {min(s.taus):g} asks for about {events:.3g} replies, "
+                         f"more than {MAX_EVENTS:.0e}: the run would not end; lower --budget or raise --taus")
+
+
+def expected_replies(s: RunSpec, jobs_per_node: int, slots: int) -> float:
+    """About how many replies a simulated run with every client busy gets in its budget: budget × the
+    jobs in flight × their mean rate (Σ 1/τ_i for ``jobs_per_node`` jobs per client; with C < n
+    ``slots``, C × the mean 1/τ_i)."""
+    n = len(s.taus)
+    with np.errstate(over="ignore", divide="ignore"):
+        rate = float(np.sum(1.0 / np.asarray(s.taus, np.float64)))
+    rate = rate * slots / n if slots < n else rate * jobs_per_node
+    faster = 1.0  # speeds that change can shorten jobs: a drift down to 1e-3 × (speeds.Drift's floor)
+    if s.speed_drift is not None and s.speed_drift < 0:
+        faster = 1e3
+    if s.speed_switch is not None and len(s.speed_switch) >= 2 and 0 < s.speed_switch[1] < 1:
+        faster = max(faster, 1.0 / s.speed_switch[1])
+    return s.budget * rate * faster
+
+
+def reachable(s: RunSpec, strategy: Any) -> None:
+    """Refuse settings that cannot make one update within the budget, where that is known before the
+    run: fixed compute times on the virtual clock, where client i delivers at most ⌊budget / τ_i⌋
+    replies per job it holds (availability and concurrency only lower that)."""
+    if s.clock != "virtual" or s.delays != "fixed" or s.speed_drift is not None or s.speed_switch is not None:
+        return
+    taus = np.asarray(s.taus, np.float64)
+    most = np.floor(s.budget / taus) * strategy.jobs_per_node  # replies each client can deliver at most
+    if most.sum() == 0:
+        raise ValueError(f"--budget {s.budget:g} is shorter than the fastest client's compute time "
+                         f"(τ = {taus.min():g}): no reply can arrive")
+    if strategy.name == "fedbuff" and strategy.K > most.sum():
+        raise ValueError(f"--fedbuff-buffer-size {strategy.K} needs that many replies for one update; the budget "
+                         f"allows at most {int(most.sum()):,}")
+    if strategy.name == "malenia" and s.availability == "always":
+        n = taus.size
+        if (most == 0).any():
+            raise ValueError(f"--budget {s.budget:g}: a Malenia round waits for every client, and the slowest "
+                             f"(τ = {taus.max():g}) cannot deliver in it")
+        if strategy.S is not None and n / np.sum(1.0 / most) <= strategy.S / n:
+            raise ValueError(f"--malenia-s {strategy.S:g}: a round closes once the harmonic mean of the clients' "
+                             f"gradient counts exceeds S/n = {strategy.S / n:.3g}; the budget allows at most "
+                             f"{n / np.sum(1.0 / most):.3g}")
+
+
+def _only(what: str, test: Callable[[RunSpec, str, set[str]], bool], *names: str) -> dict[str, tuple[str, Any]]:
+    return {name: (what, test) for name in names}
+
+
+#: Settings that apply to some runs only: name → (what they apply to, does it apply to (spec, the
+#: strategy's reply kind, the settings given)?).
+APPLIES_TO: dict[str, tuple[str, Any]] = {
+    **_only("the quadratic task", lambda s, r, g: s.task == "quadratic", "quad_a", "quad_b", "quad_dim", "quad_x0",
+            "noise"),
+    **_only("the mnist task", lambda s, r, g: s.task == "mnist", "dirichlet_alpha", "data_dir", "batch_size",
+            "torch_threads"),
+    **_only("the wall clock (--clock wall)", lambda s, r, g: s.clock == "wall", "time_unit", "emulate",
+            "tau_estimator", "node_refresh"),
+    **_only("the virtual clock", lambda s, r, g: s.clock == "virtual", "workers", "ahead", "delays", "speed_drift",
+            "speed_switch", "availability"),
+    **_only("--delays lognormal", lambda s, r, g: s.clock == "virtual" and s.delays == "lognormal", "delay_sigma"),
+    **_only("--delays pareto", lambda s, r, g: s.clock == "virtual" and s.delays == "pareto", "delay_alpha"),
+    **_only("--delays trace", lambda s, r, g: s.clock == "virtual" and s.delays == "trace", "delay_trace"),
+    **_only("runs without --taus", lambda s, r, g: "taus" not in g, "tau_profile"),
+    **_only("--tau-profile lognormal without --taus", lambda s, r, g: "taus" not in g and s.tau_profile == "lognormal",
+            "tau_spread"),
+    **_only("--availability daily", lambda s, r, g: s.clock == "virtual" and s.availability == "daily",
+            "availability_period", "availability_fraction"),
+    **_only("--availability trace", lambda s, r, g: s.clock == "virtual" and s.availability == "trace",
+            "availability_trace"),
+    **_only("strategies taking model replies (--reply model)", lambda s, r, g: r == "model", "local_steps",
+            "local_lr", "prox"),
+}
+
+
+def ignored(s: RunSpec, reply: str, given: set[str]) -> set[str]:
+    """The settings among ``given`` (names) that do not apply to the run ``s`` (its strategy takes
+    ``reply`` replies): they change nothing, which a user who gave them should hear."""
+    return {name for name in given if name in APPLIES_TO and not APPLIES_TO[name][1](s, reply, given)}
 
 
 def available_cores() -> int:

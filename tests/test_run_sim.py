@@ -50,11 +50,14 @@ def test_outputs_written(tmp_path):
     r = cli("--task", "quadratic", "--strategy", "vanilla", *TOY1_FLAGS, "--lr", "0.01", "--budget", "200",
             "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr
-    stem = "quadratic_vanilla_lr0.01_seed0"
+    (csv,) = tmp_path.glob("quadratic_vanilla_lr0.01_seed0_????????.csv")  # (then 8 hex digits of the settings)
+    stem = csv.stem
+    assert len(stem.rsplit("_", 1)[1]) == 8
     csvs, pngs = list(tmp_path.glob(f"{stem}.csv")), list(tmp_path.glob(f"{stem}.png"))
     assert len(csvs) == 1 and len(pngs) == 1 and pngs[0].stat().st_size > 1000
     extra = {p.name for p in tmp_path.glob(f"{stem}_*")}
     assert extra == {f"{stem}_timeline.png", f"{stem}_staleness.png", f"{stem}_clients.csv"}
+    assert {p.name for p in tmp_path.glob(f"{stem}.*")} == {f"{stem}.{ext}" for ext in ("csv", "png", "npz", "json")}
     assert len((tmp_path / f"{stem}_clients.csv").read_text().splitlines()) == 1 + 2  # one row per client
     header = csvs[0].read_text().splitlines()[0].split(",")
     for col in ("time", "updates", "loss", "cumulative_stepsize", "updates_per_worker"):
@@ -68,7 +71,8 @@ def test_short_mnist_run_lowers_training_loss(mnist_cache, tmp_path):
             "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
-    rows = (tmp_path / "mnist_rescaled_lr3_seed0.csv").read_text().splitlines()
+    (csv,) = tmp_path.glob("mnist_rescaled_lr3_seed0_????????.csv")
+    rows = csv.read_text().splitlines()
     header = rows[0].split(",")
     losses = [float(row.split(",")[header.index("loss")]) for row in rows[1:]]
     assert losses[0] > 2.0  # untrained: about ln 10
