@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 REPLIES = ("gradient", "model")
+MAX_REJECTIONS = 1_000_000
 
 
 def _number(value: Any) -> bool:
@@ -40,6 +41,9 @@ def check_common(strategy: str, restarts_at_once: bool, *, lr: Any, reply: Any, 
                                ("min_evaluate_nodes", min_evaluate_nodes, 0)):
         if value is not None and not _integer(value, least):
             raise ValueError(f"{name} must be an integer of at least {least}, got {value!r}")
+    if max_consecutive_rejections is not None and max_consecutive_rejections > MAX_REJECTIONS:
+        raise ValueError(f"max_consecutive_rejections must be at most {MAX_REJECTIONS:,} (more would turn the "
+                         f"failure check off), got {max_consecutive_rejections!r}")
     for name, fn in (("train_metrics_aggr_fn", train_metrics_aggr_fn),
                      ("evaluate_metrics_aggr_fn", evaluate_metrics_aggr_fn)):
         if fn is not None and not callable(fn):

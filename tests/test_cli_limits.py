@@ -68,6 +68,8 @@ def lines(text: str) -> list[str]:
     (["--speed-switch", "0,-1"], "--speed-switch"),
     (["--delays", "trace", "--delay-trace", "/nonexistent/trace.csv"], "--delay-trace"),
     (["--availability", "trace", "--availability-trace", "/nonexistent/trace.json"], "--availability-trace"),
+    # a failure check so large that it is off
+    (["--max-consecutive-rejections", "99999999999999999999"], "at most 1,000,000"),
 ])
 def test_a_run_that_cannot_end_or_cannot_update_is_refused_before_it_starts(argv, why):
     code, out, err = main(*QUAD, *argv)
