@@ -31,7 +31,7 @@ end to end (on the quadratic, small budgets) through ``cli.main``: exit 2 (one l
 parsing refuses them; otherwise exit 0, or 1 (one line) only for a run that diverged (non-finite
 gradients); never a traceback.
 
-How many cases the suite tries is ``FUZZ_CASES`` below (3,540; the README quotes it): the same
+How many cases the suite tries is ``FUZZ_CASES`` below (4,280; docs/reliability.md quotes it): the same
 cases on every run (derandomised), about two minutes on the 2-core development machine. The tests at the end
 are the inputs that fuzzing found broken, one each, kept as regression tests.
 """
