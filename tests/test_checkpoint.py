@@ -23,8 +23,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from flwr.app import Array, ArrayRecord
 
+import hostile
 from conftest import ROOT, run_sim
+from fl_rescaled.runstate import Checkpointing, load
+from fl_rescaled.strategies import RescaledASGD
 
 QUAD = ["--task", "quadratic", "--taus", "1,2,3", "--quad-a", "1,2,1", "--quad-b", "0,3,-2", "--quad-dim", "4",
         "--noise", "0.2", "--delays", "exponential", "--lr", "0.05", "--budget", "6000", "--eval-every", "500",
@@ -290,3 +294,27 @@ def test_a_wall_clock_run_resumes_from_its_checkpoint_and_loses_only_the_jobs_in
     assert out["rejected"].get("resumed", 0) >= 1  # the jobs in flight at the checkpoint were lost
     assert sum(out["lost_per_worker"]) == out["rejected"]["resumed"]  # and nothing else was
     assert abs(out["final_params"][0] - 3.0) < 0.3  # Rescaled ASGD's equal-weight point
+
+
+def test_a_run_with_estimated_delivery_periods_resumes_with_its_tau_table(tmp_path):
+    """C = 2 of 4 workers on the virtual clock: the τ table (each worker's mean time between
+    deliveries) is estimated during the run, so it is part of the state. The run resumed from its
+    last checkpoint goes on with the table it had, not the starting prior, and ends bit for bit
+    where the uninterrupted one did."""
+    def start(resume: bool):
+        s = RescaledASGD(concurrency=2, lr=0.5)
+        plan = Checkpointing(tmp_path / "run.ckpt", 50.0, "taus-test", resume=resume)
+        res = s.start(hostile.HostileGrid(), ArrayRecord({"w": Array(np.zeros(hostile.DIM, np.float32))}),
+                      time_budget=180.0, clock=hostile.VirtualClock(hostile.DelayModel(hostile.TAUS)),
+                      train_config={"reply": "gradient"}, partition_query=True, checkpoint=plan)
+        return s, res
+
+    first, res1 = start(False)
+    manager = first.last_run.manager
+    saved = load(Checkpointing(tmp_path / "run.ckpt", 50.0, "taus-test").covering(
+        first, first.last_run.layout, 180.0, None), type(first.state)).manager
+    assert manager.periods_online and 50.0 <= saved.clock_now < 180.0
+    assert saved.taus != list(manager.taus.prior)  # (the table learned something before the checkpoint)
+    second, res2 = start(True)
+    assert res2.arrays["w"].numpy().tobytes() == res1.arrays["w"].numpy().tobytes()
+    assert list(second.last_run.manager.taus.taus) == list(manager.taus.taus)

@@ -36,20 +36,25 @@ def initial() -> ArrayRecord:
                         "num_batches_tracked": Array(np.array(0, np.int64))})
 
 
-def fedavg_client(*, hello: bool = False, fail: str | None = None, evaluate: bool = False) -> ClientApp:
+def fedavg_client(*, hello: bool = False, fail: str | None = None, evaluate: bool = False, arrays_key: str = "arrays",
+                  config_key: str = "config", tags: list | None = None, echo_under: str | None = None) -> ClientApp:
     """What a FedAvg user writes: load the arrays, train H steps on F_i(θ) = ‖θ − b_i‖², reply the
-    trained arrays (same keys and dtypes) and ``num-examples``. Knows nothing of fl_rescaled."""
+    trained arrays (same keys and dtypes) and ``num-examples``. Knows nothing of fl_rescaled.
+    ``arrays_key``/``config_key``: the record names it reads and writes; ``tags``: a list each job's
+    config is appended to; ``echo_under``: a second ArrayRecord, the arrays received, under that name."""
     app = ClientApp()
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
-        state = {k: v.numpy() for k, v in msg.content["arrays"].items()}
+        state = {k: v.numpy() for k, v in msg.content[arrays_key].items()}
+        if tags is not None:
+            tags.append(dict(msg.content[config_key].items()))
         if fail == "raise":
             raise KeyError("learning-rate")
         assert state["w"].dtype == np.float32 and state["b"].dtype == np.float16
         assert state["num_batches_tracked"].dtype == np.int64 and state["num_batches_tracked"].shape == ()
         pid = int(context.node_config["partition-id"])
-        lr = float(msg.content["config"]["lr"])
+        lr = float(msg.content[config_key]["lr"])
         w, b = state["w"].astype(np.float64), state["b"].astype(np.float64)
         for _ in range(H):
             w -= lr * 2 * (w - TARGETS[pid])
@@ -60,7 +65,10 @@ def fedavg_client(*, hello: bool = False, fail: str | None = None, evaluate: boo
             out = {"model": Array(np.concatenate([w.ravel(), b.ravel()]).astype(np.float32))}
         metrics = {"train_loss": float(np.sum((w - TARGETS[pid]) ** 2)), "num-examples": pid + 1,
                    "partition": float(pid)}
-        return Message(RecordDict({"arrays": ArrayRecord(out), "metrics": MetricRecord(metrics)}), reply_to=msg)
+        content = RecordDict({arrays_key: ArrayRecord(out), "metrics": MetricRecord(metrics)})
+        if echo_under is not None:
+            content[echo_under] = msg.content[arrays_key]
+        return Message(content, reply_to=msg)
 
     if evaluate:
         @app.evaluate()
@@ -120,6 +128,46 @@ def test_an_unchanged_fedavg_clientapp_trains_in_its_own_layout(name):
     import torch  # noqa: F401  (Flower converts to torch only when torch is imported)
 
     assert tuple(result.arrays.to_torch_state_dict()["w"].shape) == (2, 3)
+
+
+def test_renamed_records_are_read_and_written_under_the_names_given():
+    # A ClientApp that reads and replies under "weights" and "cfg", and also echoes the model it got
+    # under "arrays": the run is the same, bit for bit, as with Flower's default names (a reply read
+    # under a hard-coded "arrays" would take the echo, and the model would never move).
+    def run(**keys):
+        app = fedavg_client(arrays_key=keys.get("arrayrecord_key", "arrays"),
+                            config_key=keys.get("configrecord_key", "config"),
+                            echo_under="arrays" if keys else None)
+        return RescaledASGD(reply="model", lr=1.0, **keys).start(
+            grid=grid_of(app), initial_arrays=initial(), train_config=ConfigRecord({"lr": 0.05}), num_updates=20)
+
+    renamed, default = run(arrayrecord_key="weights", configrecord_key="cfg"), run()
+    assert renamed.books["updates"] == 20 and renamed.books["rejected"] == 0
+    np.testing.assert_array_equal(w_of(renamed), w_of(default))
+    assert np.abs(w_of(renamed)).max() > 0.1  # (it moved)
+
+
+def test_every_job_carries_its_tags():
+    # messages.py: job-id, worker, version (updates the model has seen), job-seq (the worker's job
+    # number) and server-round (version + 1), beside the user's train_config.
+    tags: list = []
+    taus = (1.0, 2.0, 3.0)
+    RescaledASGD(reply="model", lr=1.0).start(grid=grid_of(fedavg_client(hello=True, tags=tags), taus=taus),
+                                              initial_arrays=initial(), train_config=ConfigRecord({"lr": 0.05}),
+                                              num_updates=12)
+    n = len(taus)
+    tags.sort(key=lambda t: t["job-id"])  # (the grid runs them in the order they finish)
+    assert len(tags) >= 12 and len({t["job-id"] for t in tags}) == len(tags)
+    assert all(t["lr"] == 0.05 for t in tags)
+    seqs: dict = {}
+    for t in tags:
+        assert t["job-seq"] == seqs.get(t["worker"], 0)  # 0, 1, 2, ... per worker
+        seqs[t["worker"]] = t["job-seq"] + 1
+        # Every worker starts on x_0; after that each reply is applied, then its worker gets the new
+        # model: job n - 1 + k carries the model of k updates.
+        assert t["version"] == max(0, t["job-id"] - n + 1)
+        assert t["server-round"] == t["version"] + 1
+    assert sorted(seqs) == list(range(n))
 
 
 def test_the_default_strategies_are_constructible_with_no_arguments():
