@@ -38,3 +38,16 @@ def test_unbalanced_books_are_reported_loudly():
     books.check_balance()
     assert books.balance()[0] == {"sent": 3, "applied": 1, "rejected": 0, "lost": 1, "discarded": 1, "in-flight": 0,
                                   "balanced": 1}
+
+
+@pytest.mark.parametrize("strategy", ["rescaled", "vanilla", "fedbuff", "malenia"])
+def test_rejected_replies_are_booked_as_rejected_and_never_as_applied(strategy):
+    """Worker 0's gradients overflow (a_0 = 1e308): each of its replies is rejected as non-finite
+    until it is set aside after three; the books say so, per worker, and still balance."""
+    out = quad(strategy=strategy, taus=[1, 2, 3], quad_a=[1e308, 1, 1], quad_b=[1, 0, 2], quad_x0=0.0, lr=0.05,
+               budget=60, eval_every=60)
+    books = out["books"]
+    assert_books_balance(books, strategy)
+    assert books["rejected-per-worker"][0] == 3 and books["applied-per-worker"][0] == 0, books
+    assert books["rejected-per-worker"][1:] == [0, 0] and min(books["applied-per-worker"][1:]) > 0, books
+    assert books["rejected"] == 3 and out["rejected"] == {"non-finite": 3}, out["rejected"]

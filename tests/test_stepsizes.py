@@ -153,3 +153,20 @@ def test_damped_rescaled_is_a_strategy_with_its_option_everywhere():
     x = [toy1("damped-rescaled", options={"exponent": p}, lr=0.01, budget=3000)["final_params"][0]
          for p in (0.0, 0.5, 1.0)]
     assert x[0] == pytest.approx(TOY1_EQUAL, abs=0.02) and x[0] < x[1] < x[2] < 4
+
+
+@pytest.mark.parametrize("taus", [[1, 1, 1, 1, 100], [1, 1, 2, 3, 100, 200], [1, 2, 3, 50, 60, 70], TAUS])
+def test_the_bounded_rescaled_rule_is_the_formula_with_tau_max_capped_at_max_ratio_times_the_median(taus):
+    """Rescaled ASGD's default rule (max_ratio = 10): γ_i = α · w_i · min(τ_i, τ_ref) / τ_ref with
+    τ_ref = min(τ_max, 10 · median τ). With no τ far above the median it is the plain rule."""
+    import numpy as np
+
+    from fl_rescaled.stepsizes import TauTable, rescaled
+
+    table = TauTable(len(taus), taus)
+    ref = min(max(taus), 10 * float(np.median(taus)))
+    for i, tau in enumerate(taus):
+        expected = 0.3 * (1 / len(taus)) * min(tau, ref) / ref
+        assert rescaled(10)(0.3, i, table, 5) == pytest.approx(expected, rel=1e-12)
+        if ref == max(taus):
+            assert rescaled(10)(0.3, i, table, 5) == pytest.approx(rescaled_stepsize(i, taus, 0.3), rel=1e-12)
