@@ -238,8 +238,11 @@ def bounded(s: RunSpec, strategy: Any) -> None:
         return
     events = expected_replies(s, strategy.jobs_per_node, strategy.slots(len(s.taus)))
     if events > MAX_EVENTS:
-        raise ValueError(f"--budget {s.budget:g} with τ from {min(s.taus):g} asks for about {events:.3g} replies, "
-                         f"more than {MAX_EVENTS:.0e}: the run would not end; lower --budget or raise --taus")
+        speeds = [flag for flag, on in (("--speed-drift", s.speed_drift is not None and s.speed_drift < 0),
+                                        ("--speed-switch", s.speed_switch is not None)) if on]
+        raise ValueError(f"--budget {s.budget:g} with τ from {min(s.taus):g}{' and ' + speeds[-1] if speeds else ''} "
+                         f"asks for about {events:.3g} replies, more than {MAX_EVENTS:.0e}: the run would not end; "
+                         f"lower --budget or raise --taus{' or ' + speeds[-1] if speeds else ''}")
 
 
 def expected_replies(s: RunSpec, jobs_per_node: int, slots: int) -> float:
