@@ -278,8 +278,8 @@ def test_fifty_nodes_twelve_at_a_time_async_strategies_near_fedavg_at_equal_trai
 def test_fifty_nodes_heterogeneous_speeds_async_strategies_beat_fedavg_at_equal_virtual_time(fifty_client):
     """τ from 1 to 16: a synchronous round (``fedavg``: FedAvg's sampled rounds on the virtual clock)
     waits for the slowest of its 12 clients, the asynchronous strategies never wait. Over 48 time
-    units FedAvg trains 36 times (3 rounds), the others about 110 (measured: FedAvg 0.82–0.85, the
-    others 0.935–0.947). Each must be ahead by 0.05 at least (half the measured gap)."""
+    units FedAvg trains 36 times (3 rounds), the others 105 (measured, seed 0, 250 examples per client:
+    FedAvg 0.681; FedAsync 0.916, Rescaled 0.913, FedBuff 0.867). Each must be ahead by 0.05 at least."""
     acc = {s: fifty_nodes(fifty_client, s, 0, FIFTY_TAUS, time_budget=48.0) for s in ("fedavg", "fedbuff", "fedasync", "rescaled")}
     assert acc["fedavg"][1] == 36
     for s in ("fedbuff", "fedasync", "rescaled"):
