@@ -73,12 +73,17 @@ class VirtualSource:
         job.start_time = start = max(self.clock.now, float(self.free_at[w]))
         job.finish_time = start + self.clock.job_duration(w, start)
         self.free_at[w] = job.finish_time
-        t = job.finish_time
+        heapq.heappush(self._heap, (self._ends_at(job), w, job.job_id, job.message_id))
+
+    def _ends_at(self, job: Job) -> float:
+        """When ``job`` ends: its finishing time, or earlier when its client goes offline first (then
+        it is cut there)."""
         if self.availability is not None:
-            off = self.availability.next_off(w, start)
-            if off < t:
-                self._cut[job.message_id] = t = off
-        heapq.heappush(self._heap, (t, w, job.job_id, job.message_id))
+            off = self.availability.next_off(job.worker, job.start_time)
+            if off < job.finish_time:
+                self._cut[job.message_id] = off
+                return off
+        return job.finish_time
 
     def returns(self, workers: np.ndarray) -> None:
         """Tell the manager when each of ``workers`` (offline now) comes online (``joined``)."""
@@ -174,12 +179,7 @@ class VirtualSource:
         self.free_at = free_at
         for job in jobs:
             self.transport.push_job(job)
-            t = job.finish_time
-            if self.availability is not None:
-                off = self.availability.next_off(job.worker, job.start_time)
-                if off < t:
-                    self._cut[job.message_id] = t = off
-            self._heap.append((t, job.worker, job.job_id, job.message_id))
+            self._heap.append((self._ends_at(job), job.worker, job.job_id, job.message_id))
         heapq.heapify(self._heap)
 
     def delivered(self, worker: int, t: float, periods: TauTable, how: str, smoothing: float, count: int) -> None:
