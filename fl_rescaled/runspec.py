@@ -238,11 +238,10 @@ def bounded(s: RunSpec, strategy: Any) -> None:
         return
     events = expected_replies(s, strategy.jobs_per_node, strategy.slots(len(s.taus)))
     if events > MAX_EVENTS:
-        speeds = [flag for flag, on in (("--speed-drift", s.speed_drift is not None and s.speed_drift < 0),
-                                        ("--speed-switch", s.speed_switch is not None)) if on]
-        raise ValueError(f"--budget {s.budget:g} with τ from {min(s.taus):g}{' and ' + speeds[-1] if speeds else ''} "
+        flag = speedup(s)[1]  # (the speed change that shortens the jobs, if one does)
+        raise ValueError(f"--budget {s.budget:g} with τ from {min(s.taus):g}{' and ' + flag if flag else ''} "
                          f"asks for about {events:.3g} replies, more than {MAX_EVENTS:.0e}: the run would not end; "
-                         f"lower --budget or raise --taus{' or ' + speeds[-1] if speeds else ''}")
+                         f"lower --budget or raise --taus{' or ' + flag if flag else ''}")
 
 
 def expected_replies(s: RunSpec, jobs_per_node: int, slots: int) -> float:
@@ -253,12 +252,18 @@ def expected_replies(s: RunSpec, jobs_per_node: int, slots: int) -> float:
     with np.errstate(over="ignore", divide="ignore"):
         rate = float(np.sum(1.0 / np.asarray(s.taus, np.float64)))
     rate = rate * slots / n if slots < n else rate * jobs_per_node
-    faster = 1.0  # speeds that change can shorten jobs: a drift down to 1e-3 × (speeds.Drift's floor)
+    return s.budget * rate * speedup(s)[0]
+
+
+def speedup(s: RunSpec) -> tuple[float, str | None]:
+    """How many times shorter speeds that change can make the jobs (a drift down to 1e-3 ×, speeds.Drift's
+    floor; a switch to ``factor`` ×), and the flag that does it most (None: neither does)."""
+    faster, flag = 1.0, None
     if s.speed_drift is not None and s.speed_drift < 0:
-        faster = 1e3
-    if s.speed_switch is not None and len(s.speed_switch) >= 2 and 0 < s.speed_switch[1] < 1:
-        faster = max(faster, 1.0 / s.speed_switch[1])
-    return s.budget * rate * faster
+        faster, flag = 1e3, "--speed-drift"
+    if s.speed_switch is not None and len(s.speed_switch) >= 2 and 0 < s.speed_switch[1] < 1 / faster:
+        faster, flag = 1.0 / s.speed_switch[1], "--speed-switch"
+    return faster, flag
 
 
 def reachable(s: RunSpec, strategy: Any) -> None:
