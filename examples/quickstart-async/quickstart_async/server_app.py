@@ -19,14 +19,15 @@ from quickstart_async.task import Net, central_test
 app = ServerApp()
 
 
-def make_async_strategy(name: str, **fedavg_keywords):
-    """One of fl_rescaled's asynchronous strategies, each with its defaults and FedAvg's keywords.
+def make_async_strategy(name: str, buffer_size: int = 10, **fedavg_keywords):
+    """One of fl_rescaled's asynchronous strategies, each with its defaults and FedAvg's keywords
+    (FedBuff with ``buffer_size`` replies per update: 10 is its default).
 
     All three take the trained models a FedAvg ClientApp returns: FedBuff and FedAsync do so by
     default, Rescaled ASGD with ``reply="model"`` (its own default is a gradient reply).
     """
     if name == "fedbuff":
-        return FedBuff(**fedavg_keywords)
+        return FedBuff(buffer_size=buffer_size, **fedavg_keywords)
     if name == "fedasync":
         return FedAsync(**fedavg_keywords)
     if name == "rescaled":
@@ -70,7 +71,7 @@ def main(grid: Grid, context: Context) -> None:
             evaluate_fn=evaluate_fn,
         )
     else:
-        strategy = make_async_strategy(name, **keywords)
+        strategy = make_async_strategy(name, int(context.run_config["buffer-size"]), **keywords)
         result = strategy.start(
             grid=grid,
             initial_arrays=arrays,
