@@ -109,6 +109,14 @@ def test_example_runs_async(example, strategy, num_updates):
 
 
 @pytest.mark.mnist
+def test_example_fedbuff_takes_its_buffer_size_from_the_run_config(example):
+    run = example(strategy="fedbuff", **{"num-updates": 3, "buffer-size": 4})
+    books = run.result.books
+    assert books["updates"] == 3 and books["replies-accepted"] == 12  # 4 replies per update, not FedBuff's 10
+    assert_every_array_trained(run.initial, run.result.arrays)
+
+
+@pytest.mark.mnist
 def test_example_runs_fedavg(example):
     run = example(strategy="fedavg", **{"num-server-rounds": 2})
     result = run.result
