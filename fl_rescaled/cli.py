@@ -169,6 +169,10 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[RunSpec]]:
     for name in sorted(unused):  # a flag that changes nothing: one line each
         sys.stderr.write(f"run_sim.py: warning: --{name.replace('_', '-')} is ignored: it applies to "
                          f"{APPLIES_TO[name][0]} only\n")
+    if getattr(args, "opt::selection", None) is not None and all(
+            experiment.make_strategy(spec).slots(spec.num_clients) >= spec.num_clients for spec in specs):
+        sys.stderr.write("run_sim.py: warning: --selection is ignored: it applies to populations with fewer "
+                         "training at a time than clients (--concurrency or --fraction-train) only\n")
     return args, specs
 
 

@@ -251,7 +251,8 @@ class Driver(RunAPI):
             num_workers, timeout, partition_query = self.connect_args
             manager.connect(num_workers, timeout=timeout, partition_query=partition_query,
                             weights=strategy.target_weights(), min_nodes=strategy.min_available_nodes)
-            manager.populate(strategy.slots(manager.num_workers), self.seed, strategy.target_weights())
+            manager.populate(strategy.slots(manager.num_workers), self.seed, strategy.target_weights(),
+                             strategy.selection)
             if not partition_query and manager.num_workers > 1:
                 log.warning("workers are numbered by node id (%d nodes); a ClientApp with "
                             "fl_rescaled.add_partition_query numbers them by partition-id", manager.num_workers)
@@ -376,7 +377,7 @@ class Driver(RunAPI):
         try:
             weights = strategy.target_weights()
             lost = manager.resume(loaded.manager, strategy.slots(loaded.manager.books.n), self.seed, weights,
-                                  self.connect_args[1])
+                                  self.connect_args[1], strategy.selection)
             strategy.check_state(loaded.algorithm, manager.num_workers, loaded.x)
         except ValueError as exc:
             raise CheckpointError(f"{self.plan.path}: {exc}") from None

@@ -4,9 +4,8 @@ A strategy is the **algorithm** of a run: it declares its options (keyword-only 
 arguments, documented once in numpydoc), its state (a dataclass, ``State``: buffers, tables, rounds;
 created when the strategy is built and again when a run starts), and what it does with one
 completion at a time (``on_start``, ``on_completion``, ``on_rejected``, ``on_joined``), through the
-``Run`` the driver hands it (``fl_rescaled.driver``: apply a step, send jobs). ``start`` is the
-**Flower façade**: it replaces Flower's round loop with a ``Driver``, which owns the run, and
-returns Flower's ``Result`` (an ``AsyncResult``, which adds the run's books).
+``Run`` the driver hands it (``fl_rescaled.driver``). ``start`` is the **Flower façade**: it replaces
+Flower's round loop with a ``Driver`` and returns Flower's ``Result`` (an ``AsyncResult``).
 """
 
 from __future__ import annotations
@@ -79,6 +78,10 @@ class AsyncStrategy(Strategy):
         C, the most jobs in flight across the N workers. With C < N a freed slot goes to a worker
         drawn uniformly (seeded) from the idle, online ones: a federated population, C training at
         a time. Default: from ``fraction_train``.
+    selection : str (default: "uniform")
+        With C < N, which idle, online worker a freed slot goes to: ``"uniform"`` (drawn uniformly,
+        seeded), ``"round-robin"`` (turns in a seeded order: cyclic participation), or a selector
+        of your own registered in ``fl_rescaled.manager.SELECTORS`` (an ``IdleSelector``).
     fraction_train : float (default: 1.0)
         FedAvg's: when ``concurrency`` is not given, C = max(min_train_nodes, ⌊fraction_train · N⌋),
         as FedAvg counts the nodes of a round (1.0: every node trains all the time).
@@ -130,6 +133,7 @@ class AsyncStrategy(Strategy):
         configrecord_key: str = "config",
         max_consecutive_rejections: int | None = None,
         concurrency: int | None = None,
+        selection: str = "uniform",
         fraction_train: float = 1.0,
         min_train_nodes: int = 2,
         min_available_nodes: int = 1,
@@ -143,20 +147,18 @@ class AsyncStrategy(Strategy):
         reply = self.default_reply if reply is None else reply
         check_common(type(self).__name__, self.restarts_at_once, lr=lr, reply=reply, jobs_per_node=jobs_per_node,
                      fraction_evaluate=fraction_evaluate, max_consecutive_rejections=max_consecutive_rejections,
-                     concurrency=concurrency, fraction_train=fraction_train, min_train_nodes=min_train_nodes,
-                     min_available_nodes=min_available_nodes, min_evaluate_nodes=min_evaluate_nodes,
+                     concurrency=concurrency, selection=selection, fraction_train=fraction_train,
+                     min_train_nodes=min_train_nodes, min_available_nodes=min_available_nodes,
+                     min_evaluate_nodes=min_evaluate_nodes,
                      train_metrics_aggr_fn=train_metrics_aggr_fn, evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn)
         self.lr = 1.0 if lr is None else float(lr)
         self.lr_given = lr is not None  # (else the method's default, which may depend on the run)
-        self.reply = reply
-        self.jobs_per_node = jobs_per_node
-        self.fraction_evaluate = float(fraction_evaluate)
+        self.reply, self.jobs_per_node, self.fraction_evaluate = reply, jobs_per_node, float(fraction_evaluate)
         self.weighted_by_key, self.arrayrecord_key, self.configrecord_key = weighted_by_key, arrayrecord_key, configrecord_key
         self.max_consecutive_rejections = max_consecutive_rejections
-        self.concurrency = None if concurrency is None else int(concurrency)
+        self.concurrency, self.selection = None if concurrency is None else int(concurrency), selection
         self.fraction_train, self.min_train_nodes = float(fraction_train), int(min_train_nodes)
-        self.min_available_nodes = int(min_available_nodes)
-        self.min_evaluate_nodes = int(min_evaluate_nodes)
+        self.min_available_nodes, self.min_evaluate_nodes = int(min_available_nodes), int(min_evaluate_nodes)
         self.train_metrics_aggr_fn, self.evaluate_metrics_aggr_fn = train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         self.outlier_factor, self.adaptive_clip, self.clip_norm = outlier_factor, adaptive_clip, clip_norm
         self.update_bound()  # (validates them)
@@ -187,12 +189,10 @@ class AsyncStrategy(Strategy):
 
     def on_start(self, run: Run) -> None:
         """Send the first jobs: ``jobs_per_node`` jobs to every worker (the methods that restart at once);
-        with C < N, C jobs, each to a worker the selection draws."""
-        if run.concurrency < run.n:
-            for _ in range(run.concurrency):
-                run.send_next(None)
-            return
-        for worker in run.online_workers():
+        with C < N, C jobs, each to a worker the selection picks."""
+        for _ in range(run.concurrency if run.concurrency < run.n else 0):
+            run.send_next(None)
+        for worker in run.online_workers() if run.concurrency == run.n else []:
             self.on_joined(run, worker)
 
     def on_completion(self, run: Run, comp: Completion) -> None:
@@ -256,7 +256,7 @@ class AsyncStrategy(Strategy):
                "outlier_factor": self.outlier_factor, "adaptive_clip": self.adaptive_clip, "clip_norm": self.clip_norm}
         if self.concurrency is not None or self.fraction_train != 1.0:
             out.update(concurrency=self.concurrency, fraction_train=self.fraction_train)
-        return out
+        return {**out, "selection": self.selection} if self.selection != "uniform" else out
 
     def local_lr(self, gamma_v: float, steps: int) -> float:
         """The local learning rate of ``steps`` local SGD steps per job (model replies) under the α

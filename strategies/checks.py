@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from fl_rescaled.manager import SELECTORS
+
 REPLIES = ("gradient", "model")
 MAX_REJECTIONS = 1_000_000
 
@@ -19,7 +21,8 @@ def _integer(value: Any, least: int) -> bool:
 
 
 def check_common(strategy: str, restarts_at_once: bool, *, lr: Any, reply: Any, jobs_per_node: Any,
-                 fraction_evaluate: Any, max_consecutive_rejections: Any, concurrency: Any, fraction_train: Any,
+                 fraction_evaluate: Any, max_consecutive_rejections: Any, concurrency: Any, selection: Any,
+                 fraction_train: Any,
                  min_train_nodes: Any, min_available_nodes: Any, min_evaluate_nodes: Any,
                  train_metrics_aggr_fn: Any, evaluate_metrics_aggr_fn: Any) -> None:
     """Raise ``ValueError`` for the first bad common option of ``strategy`` (a class name)."""
@@ -33,6 +36,9 @@ def check_common(strategy: str, restarts_at_once: bool, *, lr: Any, reply: Any, 
         raise ValueError(f"{strategy} keeps one job per worker (jobs_per_node=1)")
     if not (_number(fraction_evaluate) and 0.0 <= fraction_evaluate <= 1.0):
         raise ValueError(f"fraction_evaluate must be in [0, 1], got {fraction_evaluate!r}")
+    if not (isinstance(selection, str) and selection in SELECTORS):
+        raise ValueError(f"selection must be one of {', '.join(SELECTORS)} (fl_rescaled.manager.SELECTORS), "
+                         f"got {selection!r}")
     if not (_number(fraction_train) and 0.0 < fraction_train <= 1.0):
         raise ValueError(f"fraction_train must be in (0, 1], got {fraction_train!r}")
     for name, value, least in (("max_consecutive_rejections", max_consecutive_rejections, 1),

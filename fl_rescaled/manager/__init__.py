@@ -6,7 +6,7 @@ from .manager import AsyncClientManager
 from .saved import ManagerState
 from .membership import Membership, Roster
 from .observers import ManagerObserver, OnEvent
-from .selection import SameWorker, Selector
+from .selection import SELECTORS, IdleSelector, RoundRobin, SameWorker, Selector, UniformIdle
 from .settings import ManagerSettings
 from .transport import Transport
 from .virtual import VirtualSource
@@ -14,8 +14,10 @@ from .wall import WallSource, reported_compute_time
 
 __all__ = [
     "NODE_GONE",
+    "SELECTORS",
     "AsyncClientManager",
     "Books",
+    "IdleSelector",
     "Completion",
     "Job",
     "ManagerObserver",
@@ -24,9 +26,11 @@ __all__ = [
     "OnEvent",
     "Membership",
     "Roster",
+    "RoundRobin",
     "SameWorker",
     "Selector",
     "Transport",
+    "UniformIdle",
     "VirtualSource",
     "WallSource",
     "is_lost",

@@ -115,9 +115,10 @@ class AsyncClientManager:
         self.taus = self.compute_taus = self.source.tau_table(len(order), weights)
         return order
 
-    def populate(self, concurrency: int | None, seed: int, weights: list[float] | None = None) -> None:
-        """At most ``concurrency`` jobs in flight (None: one slot per worker); a freed slot's next
-        worker is drawn with ``seed``. With C < N, or an availability model, the table the stepsize
+    def populate(self, concurrency: int | None, seed: int, weights: list[float] | None = None,
+                 selection: str = "uniform") -> None:
+        """At most ``concurrency`` jobs in flight (None: one slot per worker); with fewer slots than
+        workers, a freed slot's next worker is picked by ``selection`` (``SELECTORS``) with ``seed``. With C < N, or an availability model, the table the stepsize
         rules read (``taus``) holds each worker's mean time between deliveries p_i = 1 / f_i:
         estimated from the deliveries, from the mean-field value of the compute-time model
         (``delivery_periods``; τ_i at C = N, where a client busy whenever online delivers less often
@@ -125,7 +126,7 @@ class AsyncClientManager:
         C = N and every client always online p_i = τ_i exactly, and ``taus`` is ``compute_taus``."""
         n = self.num_workers
         self.population = Population(n, n if concurrency is None else concurrency, seed, self.is_online,
-                                     self._online_mask)
+                                     self._online_mask, selection)
         if self.source.virtual and (self.population.sampled or self.clock.availability is not None):
             self.taus, self.periods_online = self.population.periods(self.clock, weights)
             self.source.last_delivery = np.zeros(n)
@@ -339,6 +340,6 @@ class AsyncClientManager:
         return snapshot(self)
 
     def resume(self, state: ManagerState, concurrency: int | None, seed: int, weights: list[float] | None,
-               timeout: float) -> int:
+               timeout: float, selection: str = "uniform") -> int:
         """Go on from ``state`` (``saved.restore``); returns how many jobs in flight were lost."""
-        return restore(self, state, concurrency, seed, weights, timeout)
+        return restore(self, state, concurrency, seed, weights, timeout, selection)

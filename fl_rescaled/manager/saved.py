@@ -62,7 +62,7 @@ def snapshot(m: AsyncClientManager) -> ManagerState:
 
 
 def restore(m: AsyncClientManager, state: ManagerState, concurrency: int | None, seed: int,
-            weights: list[float] | None, timeout: float) -> int:
+            weights: list[float] | None, timeout: float, selection: str = "uniform") -> int:
     """Go on from ``state`` (read from a checkpoint, on this manager's Grid and clock).
 
     Virtual clock: the jobs that were in flight are sent again, as they were (same model,
@@ -81,7 +81,7 @@ def restore(m: AsyncClientManager, state: ManagerState, concurrency: int | None,
     m.books, m.bound_state = state.books, state.bounds
     m.membership.use(state.roster)
     m.taus = m.compute_taus = m.source.tau_table(n, weights)
-    m.populate(concurrency, seed, weights)
+    m.populate(concurrency, seed, weights, selection)
     m.population.restore(state.population)
     m._next_job_id = state.next_job_id
     records = {v: m.layout.record_of(arrays, f"the checkpoint's model of version {v}")

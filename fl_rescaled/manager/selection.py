@@ -5,14 +5,19 @@ decides which worker runs it, or that none can now (the slot then waits until a 
 
 - ``SameWorker``: the worker whose job just ended runs the next one. Every worker is always busy:
   the paper's asynchronous SGD (concurrency C = N, the default).
-- ``UniformIdle``: a worker drawn uniformly, with the run's seeded generator, from the workers that
-  are idle (no job in flight) and online: a population of N clients with at most C training at a
-  time, as FedBuff, Papaya or FLSim run it. The worker whose job just ended is among the candidates.
+- With C < N a freed slot goes to an idle (no job in flight), online worker that the run's
+  *selection* picks, a subclass of ``IdleSelector`` registered by name in ``SELECTORS``:
 
-``Population`` holds the run's concurrency, its selector and the slots that wait. Drawing is O(1)
-per job whatever N: the idle workers are kept in an array with each worker's
-position (swap-remove), and an offline draw is redrawn (up to a few times, then the online idle
-workers are listed once).
+  - ``uniform`` (``UniformIdle``, the default): drawn uniformly with the run's seeded generator,
+    as FedBuff, Papaya or FLSim sample a population. The worker whose job just ended is among the
+    candidates.
+  - ``round-robin`` (``RoundRobin``): the workers take turns in a seeded order (cyclic
+    participation), a busy or offline worker passed over until the next cycle.
+
+``Population`` holds the run's concurrency, its selector and the slots that wait. The idle workers
+are kept in an array with each worker's position (swap-remove), so the uniform draw is O(1) per job
+whatever N: an offline draw is redrawn (up to a few times, then the online idle workers are listed
+once).
 """
 
 from __future__ import annotations
@@ -99,29 +104,35 @@ class IdlePool:
             raise ValueError("idle pool: positions do not match")
 
 
-class UniformIdle:
-    """A worker drawn uniformly from the idle, online workers (seeded); see the module docstring."""
+class IdleSelector:
+    """The base of every selector of a sampled population (C < N): the idle workers (``pool``), the
+    run's seeded generator (``rng``) and who is online. A subclass says which idle, online worker
+    runs the next job (``pick``, called only when some worker is idle). A selector that keeps state
+    of its own keeps it in named arrays (``arrays``; written into the run's checkpoint as data and
+    given back to ``restore_arrays``), built from the generator when it starts.
 
-    TRIES = 8  # redraws of an offline worker before the online idle workers are listed
+    A selector is registered by name in ``SELECTORS``; strategies take the name (``selection``), so
+    it reaches the command line (``--selection``), the run config, checkpoints and fingerprints.
+    """
+
+    #: Its name in ``SELECTORS`` (and in a checkpoint).
+    name = ""
 
     def __init__(self, n: int, rng: np.random.Generator, online: Online, online_mask: OnlineMask,
                  pool: IdlePool | None = None) -> None:
+        self.n = n
         self.rng = rng
         self.online = online
         self.online_mask = online_mask
         self.pool = pool if pool is not None else IdlePool.all_idle(n)
 
     def next_worker(self, after: int | None) -> int | None:
-        pool = self.pool
-        if pool.size == 0:
-            return None
-        for _ in range(self.TRIES):
-            w = int(pool.items[int(self.rng.integers(pool.size))])
-            if self.online(w):
-                return w
-        idle = pool.items[: pool.size]
-        up = idle[self.online_mask(idle)]
-        return int(up[int(self.rng.integers(up.size))]) if up.size else None
+        return None if self.pool.size == 0 else self.pick(after)
+
+    def pick(self, after: int | None) -> int | None:
+        """An idle, online worker for the next job (``after``: the worker whose job just ended, or None),
+        or None when every idle worker is offline."""
+        raise NotImplementedError
 
     def busy(self, worker: int) -> None:
         self.pool.remove(worker)
@@ -129,35 +140,123 @@ class UniformIdle:
     def idle(self, worker: int) -> None:
         self.pool.add(worker)
 
+    def idle_workers(self) -> np.ndarray:
+        return self.pool.items[: self.pool.size].copy()
 
+    def online_idle(self) -> np.ndarray:
+        """The idle workers that are online now (listed: O(idle workers))."""
+        idle = self.pool.items[: self.pool.size]
+        return idle[self.online_mask(idle)]
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The selector's own state besides the pool and the generator (none here)."""
+        return {}
+
+    def restore_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+        """Go on from ``arrays`` (from ``arrays()``, read from a checkpoint); ValueError if they do not fit."""
+        if arrays:
+            raise ValueError(f"the {self.name} selection keeps no arrays; the checkpoint has {sorted(arrays)}")
+
+
+class UniformIdle(IdleSelector):
+    """A worker drawn uniformly from the idle, online workers (seeded); see the module docstring."""
+
+    name = "uniform"
+    TRIES = 8  # redraws of an offline worker before the online idle workers are listed
+
+    def pick(self, after: int | None) -> int | None:
+        pool = self.pool
+        for _ in range(self.TRIES):
+            w = int(pool.items[int(self.rng.integers(pool.size))])
+            if self.online(w):
+                return w
+        up = self.online_idle()
+        return int(up[int(self.rng.integers(up.size))]) if up.size else None
+
+
+class RoundRobin(IdleSelector):
+    """Cyclic participation: the workers take turns in a fixed order, a seeded permutation drawn when
+    the run starts. The next job goes to the first idle, online worker at or after the turn, and the
+    turn moves past it. A worker that is busy or offline when its turn comes is passed over until the
+    next cycle. Each worker is then chosen about once per cycle of N selections, which the
+    uniform draw only does on average. Cost per job: the workers passed over (busy or offline), read in
+    blocks.
+    """
+
+    name = "round-robin"
+    BLOCK = 64  # workers looked at per step of the search
+
+    def __init__(self, n: int, rng: np.random.Generator, online: Online, online_mask: OnlineMask,
+                 pool: IdlePool | None = None) -> None:
+        super().__init__(n, rng, online, online_mask, pool)
+        self.order = rng.permutation(n).astype(np.int64)
+        self.turn = 0  # the position in ``order`` of the next worker to ask
+
+    def pick(self, after: int | None) -> int | None:
+        n, order, pos = self.n, self.order, self.pool.pos
+        for start in range(0, n, self.BLOCK):
+            idx = (self.turn + np.arange(start, min(start + self.BLOCK, n))) % n
+            candidates = order[idx]
+            ok = pos[candidates] >= 0
+            if ok.any():
+                ok[ok] = self.online_mask(candidates[ok])
+            hit = np.flatnonzero(ok)
+            if hit.size:
+                self.turn = int((idx[hit[0]] + 1) % n)
+                return int(candidates[hit[0]])
+        return None
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {"order": self.order, "turn": np.array([self.turn], np.int64)}
+
+    def restore_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+        order, turn = arrays.get("order"), arrays.get("turn")
+        if (set(arrays) != {"order", "turn"} or order is None or turn is None or order.shape != (self.n,)
+                or turn.shape != (1,) or not np.array_equal(np.sort(order), np.arange(self.n))
+                or not 0 <= int(turn[0]) < self.n):
+            raise ValueError("the checkpoint's round-robin order does not fit this run")
+        self.order, self.turn = order.astype(np.int64), int(turn[0])
+
+
+#: The selections of a sampled population (C < N) by name: ``AsyncStrategy(selection=...)``,
+#: ``--selection``. Register a selector of your own here (a subclass of ``IdleSelector``).
+SELECTORS: dict[str, type[IdleSelector]] = {UniformIdle.name: UniformIdle, RoundRobin.name: RoundRobin}
 
 
 @dataclass
 class PopulationState:
-    """What a checkpoint keeps of the population: its concurrency, waiting slots, idle pool and draws."""
+    """What a checkpoint keeps of the population: its concurrency, waiting slots, and (C < N) its
+    selection's name, idle pool, generator and own arrays."""
 
     concurrency: int = 0
     parked: int = 0
     pool: IdlePool | None = None
     rng: np.random.Generator | None = None
+    selection: str = UniformIdle.name
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 class Population:
     """N workers of which at most C have a job in flight: the selector and the slots that wait.
 
     With C = N (the default) every worker is always busy and a freed slot stays with its worker
-    (``SameWorker``); with C < N a freed slot goes to a worker drawn uniformly from the idle, online
-    ones (``UniformIdle``), and when none is online the slot waits (``parked``) until one is.
+    (``SameWorker``); with C < N a freed slot goes to the idle, online worker that the selection
+    (``SELECTORS[selection]``, uniform draws by default) picks, and when none is online the slot
+    waits (``parked``) until one is.
     """
 
-    def __init__(self, n: int, concurrency: int, seed: int, online: Online, online_mask: OnlineMask) -> None:
+    def __init__(self, n: int, concurrency: int, seed: int, online: Online, online_mask: OnlineMask,
+                 selection: str = UniformIdle.name) -> None:
         if not 1 <= concurrency:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+        if selection not in SELECTORS:
+            raise ValueError(f"unknown selection {selection!r}; choose one of {', '.join(SELECTORS)}")
         self.n, self.concurrency = n, min(int(concurrency), n)
+        self.selection = selection
         self.parked = 0
-        self.selector: SameWorker | UniformIdle = (
+        self.selector: SameWorker | IdleSelector = (
             SameWorker(online) if not self.sampled else
-            UniformIdle(n, np.random.default_rng((int(seed), 0x5E1EC7)), online, online_mask))
+            SELECTORS[selection](n, np.random.default_rng((int(seed), 0x5E1EC7)), online, online_mask))
 
     @property
     def sampled(self) -> bool:
@@ -189,20 +288,23 @@ class Population:
 
     def idle_workers(self) -> np.ndarray:
         sel = self.selector
-        return sel.pool.items[: sel.pool.size].copy() if isinstance(sel, UniformIdle) else np.zeros(0, np.int64)
+        return sel.idle_workers() if isinstance(sel, IdleSelector) else np.zeros(0, np.int64)
 
     def state(self) -> PopulationState:
         sel = self.selector
-        if isinstance(sel, UniformIdle):
-            return PopulationState(self.concurrency, self.parked, sel.pool, sel.rng)
-        return PopulationState(self.concurrency, self.parked)
+        if isinstance(sel, IdleSelector):
+            return PopulationState(self.concurrency, self.parked, sel.pool, sel.rng, self.selection, sel.arrays())
+        return PopulationState(self.concurrency, self.parked, selection=self.selection)
 
     def restore(self, state: PopulationState) -> None:
         if state.concurrency != self.concurrency:
             raise ValueError(f"the checkpoint's concurrency is {state.concurrency}, this run's {self.concurrency}")
+        if state.selection != self.selection:
+            raise ValueError(f"the checkpoint's selection is {state.selection!r}, this run's {self.selection!r}")
         self.parked = state.parked
         sel = self.selector
-        if isinstance(sel, UniformIdle):
+        if isinstance(sel, IdleSelector):
             if state.pool is None or state.rng is None or len(state.pool.pos) != self.n:
                 raise ValueError("the checkpoint's idle pool does not fit this run")
             sel.pool, sel.rng = state.pool, state.rng
+            sel.restore_arrays(state.arrays)
