@@ -164,15 +164,12 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[RunSpec]]:
             raise ValueError(f"unknown engine {args.engine!r}; choose inprocess or flower")
     except ValueError as exc:
         parser.error(str(exc))
-    given = {key.split(":")[1] for key, v in vars(args).items() if v is not None and key.startswith(("run:", "manager:"))}
-    unused = set.intersection(*(ignored(spec, experiment.make_strategy(spec).reply, given) for spec in specs))
+    given = {key.rsplit(":", 1)[1] for key, v in vars(args).items()  # (run, manager and common strategy options)
+             if v is not None and key.startswith(("run:", "manager:", "opt::"))}
+    unused = set.intersection(*(ignored(spec, experiment.make_strategy(spec), given) for spec in specs))
     for name in sorted(unused):  # a flag that changes nothing: one line each
         sys.stderr.write(f"run_sim.py: warning: --{name.replace('_', '-')} is ignored: it applies to "
                          f"{APPLIES_TO[name][0]} only\n")
-    if getattr(args, "opt::selection", None) is not None and all(
-            experiment.make_strategy(spec).slots(spec.num_clients) >= spec.num_clients for spec in specs):
-        sys.stderr.write("run_sim.py: warning: --selection is ignored: it applies to populations with fewer "
-                         "training at a time than clients (--concurrency or --fraction-train) only\n")
     return args, specs
 
 

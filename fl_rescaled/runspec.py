@@ -296,35 +296,37 @@ def _only(what: str, test: Callable[[RunSpec, str, set[str]], bool], *names: str
 
 
 #: Settings that apply to some runs only: name → (what they apply to, does it apply to (spec, the
-#: strategy's reply kind, the settings given)?).
+#: strategy, the settings given)?). The strategy's own options are not here; its common ones may be.
 APPLIES_TO: dict[str, tuple[str, Any]] = {
-    **_only("the quadratic task", lambda s, r, g: s.task == "quadratic", "quad_a", "quad_b", "quad_dim", "quad_x0",
+    **_only("the quadratic task", lambda s, st, g: s.task == "quadratic", "quad_a", "quad_b", "quad_dim", "quad_x0",
             "noise"),
-    **_only("the mnist task", lambda s, r, g: s.task == "mnist", "dirichlet_alpha", "data_dir", "batch_size",
+    **_only("the mnist task", lambda s, st, g: s.task == "mnist", "dirichlet_alpha", "data_dir", "batch_size",
             "torch_threads"),
-    **_only("the wall clock (--clock wall)", lambda s, r, g: s.clock == "wall", "time_unit", "emulate",
+    **_only("the wall clock (--clock wall)", lambda s, st, g: s.clock == "wall", "time_unit", "emulate",
             "tau_estimator", "node_refresh"),
-    **_only("the virtual clock", lambda s, r, g: s.clock == "virtual", "workers", "ahead", "delays", "speed_drift",
+    **_only("the virtual clock", lambda s, st, g: s.clock == "virtual", "workers", "ahead", "delays", "speed_drift",
             "speed_switch", "availability"),
-    **_only("--delays lognormal", lambda s, r, g: s.clock == "virtual" and s.delays == "lognormal", "delay_sigma"),
-    **_only("--delays pareto", lambda s, r, g: s.clock == "virtual" and s.delays == "pareto", "delay_alpha"),
-    **_only("--delays trace", lambda s, r, g: s.clock == "virtual" and s.delays == "trace", "delay_trace"),
-    **_only("runs without --taus", lambda s, r, g: "taus" not in g, "tau_profile"),
-    **_only("--tau-profile lognormal without --taus", lambda s, r, g: "taus" not in g and s.tau_profile == "lognormal",
+    **_only("--delays lognormal", lambda s, st, g: s.clock == "virtual" and s.delays == "lognormal", "delay_sigma"),
+    **_only("--delays pareto", lambda s, st, g: s.clock == "virtual" and s.delays == "pareto", "delay_alpha"),
+    **_only("--delays trace", lambda s, st, g: s.clock == "virtual" and s.delays == "trace", "delay_trace"),
+    **_only("runs without --taus", lambda s, st, g: "taus" not in g, "tau_profile"),
+    **_only("--tau-profile lognormal without --taus", lambda s, st, g: "taus" not in g and s.tau_profile == "lognormal",
             "tau_spread"),
-    **_only("--availability daily", lambda s, r, g: s.clock == "virtual" and s.availability == "daily",
+    **_only("--availability daily", lambda s, st, g: s.clock == "virtual" and s.availability == "daily",
             "availability_period", "availability_fraction"),
-    **_only("--availability trace", lambda s, r, g: s.clock == "virtual" and s.availability == "trace",
+    **_only("--availability trace", lambda s, st, g: s.clock == "virtual" and s.availability == "trace",
             "availability_trace"),
-    **_only("strategies taking model replies (--reply model)", lambda s, r, g: r == "model", "local_steps",
+    **_only("strategies taking model replies (--reply model)", lambda s, st, g: st.reply == "model", "local_steps",
             "local_lr", "prox"),
+    **_only("populations with fewer training at a time than clients (--concurrency or --fraction-train)",
+            lambda s, st, g: st.slots(s.num_clients) < s.num_clients, "selection"),
 }
 
 
-def ignored(s: RunSpec, reply: str, given: set[str]) -> set[str]:
-    """The settings among ``given`` (names) that do not apply to the run ``s`` (its strategy takes
-    ``reply`` replies): they change nothing, which a user who gave them should hear."""
-    return {name for name in given if name in APPLIES_TO and not APPLIES_TO[name][1](s, reply, given)}
+def ignored(s: RunSpec, strategy: Any, given: set[str]) -> set[str]:
+    """The settings among ``given`` (names) that do not apply to the run ``s`` with ``strategy`` (built
+    from it): they change nothing, which a user who gave them should hear."""
+    return {name for name in given if name in APPLIES_TO and not APPLIES_TO[name][1](s, strategy, given)}
 
 
 def available_cores() -> int:
