@@ -75,13 +75,12 @@ class AsyncStrategy(Strategy):
         of nodes that left do not count). It also stops when every worker has answered and no
         reply could be used.
     concurrency : int, optional (default: every node)
-        C, the most jobs in flight across the N workers. With C < N a freed slot goes to a worker
-        drawn uniformly (seeded) from the idle, online ones: a federated population, C training at
-        a time. Default: from ``fraction_train``.
+        C, the most jobs in flight across the N workers. With C < N a freed slot goes to the idle,
+        online worker that ``selection`` picks: a federated population, C training at a time.
+        Default: from ``fraction_train``.
     selection : str (default: "uniform")
-        With C < N, which idle, online worker a freed slot goes to: ``"uniform"`` (drawn uniformly,
-        seeded), ``"round-robin"`` (turns in a seeded order: cyclic participation), or a selector
-        of your own registered in ``fl_rescaled.manager.SELECTORS`` (an ``IdleSelector``).
+        With C < N: ``"uniform"`` (seeded draws), ``"round-robin"`` (seeded turns: cyclic
+        participation), or your own ``IdleSelector`` by its name in ``fl_rescaled.manager.SELECTORS``.
     fraction_train : float (default: 1.0)
         FedAvg's: when ``concurrency`` is not given, C = max(min_train_nodes, ⌊fraction_train · N⌋),
         as FedAvg counts the nodes of a round (1.0: every node trains all the time).
@@ -190,9 +189,11 @@ class AsyncStrategy(Strategy):
     def on_start(self, run: Run) -> None:
         """Send the first jobs: ``jobs_per_node`` jobs to every worker (the methods that restart at once);
         with C < N, C jobs, each to a worker the selection picks."""
-        for _ in range(run.concurrency if run.concurrency < run.n else 0):
-            run.send_next(None)
-        for worker in run.online_workers() if run.concurrency == run.n else []:
+        if run.concurrency < run.n:
+            for _ in range(run.concurrency):
+                run.send_next(None)
+            return
+        for worker in run.online_workers():
             self.on_joined(run, worker)
 
     def on_completion(self, run: Run, comp: Completion) -> None:

@@ -22,8 +22,7 @@ def _integer(value: Any, least: int) -> bool:
 
 def check_common(strategy: str, restarts_at_once: bool, *, lr: Any, reply: Any, jobs_per_node: Any,
                  fraction_evaluate: Any, max_consecutive_rejections: Any, concurrency: Any, selection: Any,
-                 fraction_train: Any,
-                 min_train_nodes: Any, min_available_nodes: Any, min_evaluate_nodes: Any,
+                 fraction_train: Any, min_train_nodes: Any, min_available_nodes: Any, min_evaluate_nodes: Any,
                  train_metrics_aggr_fn: Any, evaluate_metrics_aggr_fn: Any) -> None:
     """Raise ``ValueError`` for the first bad common option of ``strategy`` (a class name)."""
     if lr is not None and not (_number(lr) and lr > 0):

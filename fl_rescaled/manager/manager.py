@@ -118,12 +118,13 @@ class AsyncClientManager:
     def populate(self, concurrency: int | None, seed: int, weights: list[float] | None = None,
                  selection: str = "uniform") -> None:
         """At most ``concurrency`` jobs in flight (None: one slot per worker); with fewer slots than
-        workers, a freed slot's next worker is picked by ``selection`` (``SELECTORS``) with ``seed``. With C < N, or an availability model, the table the stepsize
-        rules read (``taus``) holds each worker's mean time between deliveries p_i = 1 / f_i:
-        estimated from the deliveries, from the mean-field value of the compute-time model
-        (``delivery_periods``; τ_i at C = N, where a client busy whenever online delivers less often
-        than that by its share of time online); ``compute_taus`` keeps the compute times τ_i. With
-        C = N and every client always online p_i = τ_i exactly, and ``taus`` is ``compute_taus``."""
+        workers, a freed slot's next worker is picked by ``selection`` (``SELECTORS``) with ``seed``.
+        With C < N, or an availability model, the table the stepsize rules read (``taus``) holds each
+        worker's mean time between deliveries p_i = 1 / f_i: estimated from the deliveries, from the
+        mean-field value of the compute-time model (``delivery_periods``; τ_i at C = N, where a client
+        busy whenever online delivers less often than that by its share of time online);
+        ``compute_taus`` keeps the compute times τ_i. With C = N and every client always online
+        p_i = τ_i exactly, and ``taus`` is ``compute_taus``."""
         n = self.num_workers
         self.population = Population(n, n if concurrency is None else concurrency, seed, self.is_online,
                                      self._online_mask, selection)
