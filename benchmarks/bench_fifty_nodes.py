@@ -49,8 +49,8 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE_DIR = ROOT / "examples" / "quickstart-async"
 
 NODES = 50
-FRACTION_TRAIN = 0.25  # 12 of 50, FedAvg's count of a round: max(2, int(50 * 0.25))
-IN_FLIGHT = 12
+FRACTION_TRAIN = 0.25
+IN_FLIGHT = max(2, int(NODES * FRACTION_TRAIN))  # 12: FedAvg's count of a round (min_train_nodes 2)
 HET_TAUS = [1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 8.0, 8.0, 16.0, 16.0] * 5
 POPULATIONS = {"het": HET_TAUS, "equal": [1.0] * NODES}
 DEFAULT_STRATEGIES = "flower-fedavg,fedbuff,fedbuff:4,fedasync,rescaled"
@@ -73,7 +73,14 @@ def budget_for(name: str, compare: str, trainings: int, virtual_time: float) -> 
         if base == "flower-fedavg":
             raise ValueError("Flower's FedAvg has no virtual clock: compare it at equal trainings, or use fedavg")
         return {"time_budget": float(virtual_time)}
-    per_step = IN_FLIGHT if base in ("flower-fedavg", "fedavg") else options.get("buffer_size", 10 if base == "fedbuff" else 1)
+    if base in ("flower-fedavg", "fedavg"):
+        per_step = IN_FLIGHT
+    elif base == "fedbuff":
+        from fl_rescaled import FedBuff
+
+        per_step = options.get("buffer_size", FedBuff().K)  # (its default buffer when none is named)
+    else:
+        per_step = 1
     if trainings % per_step:
         raise ValueError(f"{trainings} trainings are not a whole number of {name}'s steps of {per_step}")
     steps = trainings // per_step
@@ -181,10 +188,10 @@ def table(out: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
     for p in (str(EXAMPLE_DIR), str(ROOT)):
         if p not in sys.path:
             sys.path.insert(0, p)
+    args = parse_args(argv)
     import logging
 
     import fl_rescaled  # noqa: F401  (Flower and Ray offline and quiet)
