@@ -107,14 +107,26 @@ RR = ["--task", "quadratic", "--num-clients", "12", "--concurrency", "3", "--sel
       "--eval-every", "50", "--seed", "3", "--strategy", "rescaled"]
 
 
-def population_state(ckpt) -> tuple[dict, dict[str, np.ndarray]]:
-    """The population's record in a run checkpoint and the arrays it names (read as data)."""
+def members(ckpt) -> dict[str, bytes]:
+    """A run checkpoint's zip members (read as data)."""
     with zipfile.ZipFile(io.BytesIO(ckpt.read_bytes())) as zf:
-        state = json.loads(zf.read("state.json"))
-        names = json.loads(zf.read("header.json"))["arrays"]
-        pop = state["run"]["manager"]["population"]
-        arrays = {key: np.load(io.BytesIO(zf.read(f"arrays/{names.index(ref['$array'])}.npy")))
-                  for key, ref in pop["arrays"].items()}
+        return {name: zf.read(name) for name in zf.namelist()}
+
+
+def rewrite(ckpt, files: dict[str, bytes]) -> None:
+    """Write ``ckpt`` again with the members ``files`` (a well-formed zip, as the run writes it)."""
+    with zipfile.ZipFile(ckpt, "w", zipfile.ZIP_STORED) as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+
+
+def population_state(ckpt) -> tuple[dict, dict[str, np.ndarray]]:
+    """The population's record in a run checkpoint and the arrays it names, with their members."""
+    files = members(ckpt)
+    names = json.loads(files["header.json"])["arrays"]
+    pop = json.loads(files["state.json"])["run"]["manager"]["population"]
+    arrays = {key: np.load(io.BytesIO(files[f"arrays/{names.index(ref['$array'])}.npy"]))
+              for key, ref in pop["arrays"].items()}
     return pop, arrays
 
 
@@ -135,56 +147,52 @@ def test_a_round_robin_run_killed_and_resumed_ends_bit_for_bit_where_it_would_ha
     assert pop["selection"] == "round-robin" and sorted(arrays["order"].tolist()) == list(range(12))
 
 
-def tampered(ckpt, key: str, value: np.ndarray) -> None:
-    """Rewrite the population's array ``key`` in a run checkpoint (the zip stays well formed)."""
-    with zipfile.ZipFile(io.BytesIO(ckpt.read_bytes())) as zf:
-        members = {name: zf.read(name) for name in zf.namelist()}
-    names = json.loads(members["header.json"])["arrays"]
-    ref = json.loads(members["state.json"])["run"]["manager"]["population"]["arrays"][key]["$array"]
-    buf = io.BytesIO()
-    np.save(buf, value)
-    members[f"arrays/{names.index(ref)}.npy"] = buf.getvalue()
-    with zipfile.ZipFile(ckpt, "w", zipfile.ZIP_STORED) as zf:
-        for name, data in members.items():
-            zf.writestr(name, data)
+CHECKPOINTED = ["--checkpoint-every", "100", "--budget", "250"]
+
+
+def checkpointed(tmp_path):
+    """A round-robin run that wrote its checkpoint; the folder."""
+    out = tmp_path / "run"
+    first = cli(*RR, "--out", str(out), *CHECKPOINTED)
+    assert first.returncode == 0, first.stderr
+    return out
+
+
+def refused(out, why: str, args=RR) -> None:
+    """Resuming from ``out`` is refused with one line that says ``why``, and exit status 2."""
+    again = cli(*args, "--out", str(out), *CHECKPOINTED, "--resume", str(out))
+    assert again.returncode == 2 and why in again.stderr, again.stderr
+    assert len(again.stderr.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("key,value", [("order", np.zeros(12, np.int64)), ("order", np.arange(11, dtype=np.int64)),
                                        ("turn", np.array([12], np.int64)), ("turn", np.array([-1], np.int64))])
 def test_a_checkpoint_with_a_tampered_round_robin_state_is_refused(tmp_path, key, value):
-    out = tmp_path / "run"
-    first = cli(*RR, "--out", str(out), "--checkpoint-every", "100", "--budget", "250")
-    assert first.returncode == 0, first.stderr
-    tampered(out / "run.ckpt", key, value)
-    again = cli(*RR, "--out", str(out), "--checkpoint-every", "100", "--budget", "250", "--resume", str(out))
-    assert again.returncode == 2 and "round-robin order does not fit this run" in again.stderr, again.stderr
-    assert len(again.stderr.strip().splitlines()) == 1
+    out = checkpointed(tmp_path)
+    ckpt = out / "run.ckpt"
+    files = members(ckpt)
+    names = json.loads(files["header.json"])["arrays"]
+    ref = json.loads(files["state.json"])["run"]["manager"]["population"]["arrays"][key]["$array"]
+    buf = io.BytesIO()
+    np.save(buf, value)
+    rewrite(ckpt, {**files, f"arrays/{names.index(ref)}.npy": buf.getvalue()})
+    refused(out, "round-robin order does not fit this run")
 
 
 @pytest.mark.parametrize("name", ["uniform", "lowest", "__import__('os').system('true')"])
 def test_a_checkpoint_whose_selection_name_was_changed_is_refused(tmp_path, name):
-    out = tmp_path / "run"
-    assert cli(*RR, "--out", str(out), "--checkpoint-every", "100", "--budget", "250").returncode == 0
+    out = checkpointed(tmp_path)
     ckpt = out / "run.ckpt"
-    with zipfile.ZipFile(io.BytesIO(ckpt.read_bytes())) as zf:
-        members = {n: zf.read(n) for n in zf.namelist()}
-    state = json.loads(members["state.json"])
+    files = members(ckpt)
+    state = json.loads(files["state.json"])
     state["run"]["manager"]["population"]["selection"] = name
-    members["state.json"] = json.dumps(state).encode()
-    with zipfile.ZipFile(ckpt, "w", zipfile.ZIP_STORED) as zf:
-        for member, data in members.items():
-            zf.writestr(member, data)
-    again = cli(*RR, "--out", str(out), "--checkpoint-every", "100", "--budget", "250", "--resume", str(out))
-    assert again.returncode == 2 and "the checkpoint's selection is" in again.stderr, again.stderr
-    assert len(again.stderr.strip().splitlines()) == 1
+    rewrite(ckpt, {**files, "state.json": json.dumps(state).encode()})
+    refused(out, "the checkpoint's selection is")
 
 
 def test_a_checkpoint_is_resumed_only_with_its_own_selection(tmp_path):
-    out = tmp_path / "run"
-    assert cli(*RR, "--out", str(out), "--checkpoint-every", "100", "--budget", "250").returncode == 0
-    uniform = [a if a != "round-robin" else "uniform" for a in RR]
-    again = cli(*uniform, "--out", str(out), "--checkpoint-every", "100", "--budget", "250", "--resume", str(out))
-    assert again.returncode == 2 and len(again.stderr.strip().splitlines()) == 1, again.stderr
+    out = checkpointed(tmp_path)
+    refused(out, "run.ckpt", args=[a if a != "round-robin" else "uniform" for a in RR])
 
 
 def test_with_round_robin_rescaled_still_lands_on_the_equal_weight_point():
