@@ -2,11 +2,14 @@
 
 ``strategy = "fedavg"`` runs Flower's own FedAvg for ``num-server-rounds`` rounds; ``"fedbuff"``,
 ``"fedasync"`` and ``"rescaled"`` run an asynchronous strategy of fl_rescaled for ``num-updates``
-server updates. The two branches of ``main`` differ only in the constructor and the budget
-argument: the ClientApp, the model, the configs and the ``Result`` are the same.
+server updates. The two branches of ``main`` differ only in the constructor, the budget argument
+and where the run config's ``seed`` goes (FedAvg samples its nodes with Python's ``random``; an
+asynchronous strategy draws them from ``start(seed=...)``): the ClientApp, the model, the configs
+and the ``Result`` are the same.
 """
 
 import math
+import random
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
@@ -58,10 +61,12 @@ def main(grid: Grid, context: Context) -> None:
     lr = float(context.run_config["learning-rate"])
     evaluate_fn = central_evaluation(int(context.run_config["central-examples"]))
 
-    torch.manual_seed(int(context.run_config["seed"]))
+    seed = int(context.run_config["seed"])
+    torch.manual_seed(seed)
     arrays = ArrayRecord(Net().state_dict())
 
     if name == "fedavg":
+        random.seed(seed)  # FedAvg's node sampling
         strategy = FedAvg(**keywords)
         result = strategy.start(
             grid=grid,
@@ -78,6 +83,7 @@ def main(grid: Grid, context: Context) -> None:
             train_config=ConfigRecord({"lr": lr}),
             num_updates=int(context.run_config["num-updates"]),
             evaluate_fn=evaluate_fn,
+            seed=seed,  # the selection of nodes with fraction-train < 1
         )
 
     report(name, arrays, result)
