@@ -18,9 +18,13 @@ array, another serialisation) falls back to Flower's own ``Array.numpy()``, and 
 bytes hold one array of exactly the dtype and shape the ``Array`` declares.
 
 ``flatten`` validates a reply against the layout and raises ``RejectedReply`` naming what was expected.
-An array of another dtype is cast to the model's when nothing is lost (a float32 reply to a float64
-model, as FedAvg's averaging would promote it) and refused when it would be narrowed (a float64
-reply to a float32 model, an integer model given floats).
+A float array of the model accepts only float arrays, of any width, cast to the model's dtype: a
+float32 reply to a float64 model is cast up, a float64 reply to a float32 model down (a value beyond
+float32's range then becomes infinite, and the finiteness check rejects the reply as ``non-finite``).
+An integer, boolean or complex array where the model has floats is refused (``wrong-dtype``): it is
+not a model nor a gradient, whatever numpy would cast it to. A carried array accepts only its own
+dtype or one that widens to it without loss (int32 → int64), never a narrowing (floats to an
+integer array, int64 to int32).
 """
 
 from __future__ import annotations
@@ -279,12 +283,19 @@ class ModelLayout:
 
 
 def _cast(a: np.ndarray, e: Entry) -> np.ndarray:
-    """A reply's array in the model's dtype when that loses nothing (float32 → float64, int32 → int64:
-    numpy's "safe" casts, as FedAvg's averaging would promote them); a narrowing cast is refused."""
+    """A reply's array in the model's dtype (the rules of the module docstring): a float entry takes
+    any float array (cast up or down; a value beyond the model's range becomes infinite and the
+    finiteness check rejects it), a carried entry only a lossless widening (numpy's "safe" casts)."""
+    if e.is_float:
+        if a.dtype.kind == "f":
+            with np.errstate(over="ignore"):  # (beyond the range: ±inf, rejected as non-finite)
+                return a.astype(e.dtype)
+        raise RejectedReply("wrong-dtype", f"array {e.key!r} is {a.dtype}, expected {e.dtype} (or floats of any "
+                                           "width, cast to it); integer, boolean and complex arrays are refused")
     if np.can_cast(a.dtype, e.dtype, "safe"):
         return a.astype(e.dtype)
-    raise RejectedReply("wrong-dtype", f"array {e.key!r} is {a.dtype}, expected {e.dtype} (a reply is cast up to "
-                                       "the model's dtype when nothing is lost, never narrowed)")
+    raise RejectedReply("wrong-dtype", f"array {e.key!r} is {a.dtype}, expected {e.dtype} (a non-float array is "
+                                       "cast to the model's dtype only when that loses nothing)")
 
 
 def _keys(keys: list[str], limit: int = 6) -> str:

@@ -416,9 +416,11 @@ def test_rescaled_with_model_replies_and_unequal_curvature_has_the_local_steps_d
     assert _quadratic("rescaled", a, taus) == pytest.approx(drift, abs=0.02)
 
 
-def test_a_reply_in_a_wider_dtype_is_never_narrowed_a_narrower_one_is_cast_up():
-    """As FedAvg's averaging promotes: a float32 reply to a float64 model is cast up and applied; a
-    float64 reply to a float32 model (or floats for an integer array) is refused, naming both dtypes."""
+def test_a_float_reply_of_any_width_is_cast_other_kinds_are_refused():
+    """A float array of the model takes floats of any width: a float32 reply to a float64 model is
+    cast up (as FedAvg's averaging promotes), a float64 reply to a float32 model cast down. Integers
+    or booleans for a float array, or floats for an integer (carried) array, are refused, naming
+    both dtypes."""
     from fl_rescaled.errors import RejectedReply
     from fl_rescaled.layout import ModelLayout
 
@@ -428,9 +430,13 @@ def test_a_reply_in_a_wider_dtype_is_never_narrowed_a_narrower_one_is_cast_up():
     flat, carried = wide.flatten(up)
     assert flat.dtype == np.float64 and flat.tolist() == [float(np.float32(0.1))] * 3
     assert carried["n"].dtype == np.int64 and carried["n"].tolist() == [1]
-    for layout, rec in ((narrow, ArrayRecord({"w": Array(np.zeros(3))})),
-                        (wide, ArrayRecord({"w": Array(np.zeros(3)), "n": Array(np.ones(1))}))):
-        with pytest.raises(RejectedReply, match="never narrowed") as info:
+    flat, _ = narrow.flatten(ArrayRecord({"w": Array(np.full(3, 0.1))}))
+    assert flat.dtype == np.float32 and flat.tolist() == [float(np.float32(0.1))] * 3
+    for layout, rec, match in (
+            (narrow, ArrayRecord({"w": Array(np.ones(3, np.int64))}), "is int64, expected float32"),
+            (narrow, ArrayRecord({"w": Array(np.ones(3, bool))}), "is bool, expected float32"),
+            (wide, ArrayRecord({"w": Array(np.zeros(3)), "n": Array(np.ones(1))}), "is float64, expected int64")):
+        with pytest.raises(RejectedReply, match=match) as info:
             layout.flatten(rec)
         assert info.value.reason == "wrong-dtype"
 

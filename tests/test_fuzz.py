@@ -2,8 +2,9 @@
 
 **Replies.** A strategy runs on an in-process Grid whose ClientApp is replaced, job by job, by a
 drawn reply: valid (random finite values, keys in any order, the ArrayRecord under any name, extra
-records with odd metrics, values near the float type's limit) or broken in one drawn way (record
-names, missing or extra arrays, shapes, dtypes, NaN/inf, bytes that are not ``.npy``, other
+records with odd metrics, values near the float type's limit, float arrays of another width) or
+broken in one drawn way (record names, missing or extra arrays, shapes, integer, boolean or complex
+arrays for float ones, NaN/inf, bytes that are not ``.npy``, other
 serialisations, declared shapes of 10^12 elements, a 16 MB payload, an error reply, no content, a
 wrong message type), plus duplicates and replies to jobs never sent, slipped in at pull time. The
 oracle is per event: a valid reply is applied; any other is rejected with a reason of its kind and
@@ -84,7 +85,7 @@ REASONS = {
     "error": {f"error-code-{c}" for c in range(0, 1000)}, "empty": {"malformed"}, "wrong-type": {"wrong-type"},
 }
 VALID = ("valid", "valid-reordered", "valid-renamed-record", "valid-odd-metrics", "valid-hostile-metrics",
-         "valid-extreme")
+         "valid-extreme", "valid-float-width")
 #: What a valid reply may also be rejected as: an update of 1e30 or 1e200 among updates of about 1 is
 #: an outlier (unless it is the run's first, which has nothing to be compared with).
 VALID_REASONS = {"valid-extreme": {"outlier"}}
@@ -156,6 +157,9 @@ def build_reply(msg: Message, kind: str, seed: int, reply: str) -> Message:
         picks = rng.choice(len(HOSTILE_METRICS), size=int(rng.integers(1, 6)), replace=False)
         metrics = {}
         content["cfg"] = ConfigRecord({"compute-time": "abc"})
+    elif kind == "valid-float-width":  # float64 for a float32 array and float32 for a float64 one: cast
+        arrays.update({k: encode_array(values[k].astype(np.float64 if values[k].dtype == np.float32 else np.float32))
+                       for k in floats})
     elif kind == "key-renamed":
         arrays[target + "_renamed"] = arrays.pop(target)
     elif kind == "key-missing":
@@ -169,8 +173,7 @@ def build_reply(msg: Message, kind: str, seed: int, reply: str) -> Message:
             bad = a.reshape(1, -1)
         arrays[target] = encode_array(np.ascontiguousarray(bad))
     elif kind == "wrong-dtype":
-        choices = [d for d in ("float16", "float32", "float64", "int32", "int64", "uint8", "bool", "complex64")
-                   if not np.can_cast(np.dtype(d), values[target].dtype, "safe")]  # (a safe cast is applied)
+        choices = ["int32", "int64", "uint8", "bool", "complex64"]  # (a float array of any width is cast)
         with np.errstate(invalid="ignore", over="ignore"):  # (values beyond an integer type: any bits do)
             arrays[target] = encode_array(values[target].astype(choices[int(rng.integers(len(choices)))]))
     elif kind == "non-finite":
