@@ -4,7 +4,9 @@ Flower's own runtimes poll every 0.1 s per node (simulation) or seconds (deploym
 is executed the moment its reply is pulled, in the same process, so a run goes as fast as its
 computation. Each node has its own ``Context`` (``partition-id``/``num-partitions`` in its node
 config, a persistent ``state``), exactly as a SuperNode would give it. A ClientApp that raises is
-turned into an error reply with Flower's code 2 (CLIENT_APP_RAISED_EXCEPTION), as the runtimes do.
+turned into an error reply with Flower's code 2 (CLIENT_APP_RAISED_EXCEPTION), as the runtimes do;
+a reply that does not answer its message from its node (a reply to another node's message, to no
+message) is turned into an error reply that says so (``fl_rescaled.matching``).
 
 ``threaded=True`` runs each node's jobs on its own worker thread instead (in push order), and
 ``pull_messages`` returns only the replies that are ready, as Flower's runtimes do; with emulated
@@ -43,6 +45,7 @@ from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
 from .grid_api import set_message_id
+from .matching import mismatch, unmatched_error
 
 
 _ALLOCATOR_TUNED = False
@@ -338,6 +341,10 @@ class InProcessGrid(Grid):
                 Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(exc)}:<'{exc}'>"),
                 reply_to=msg,
             )
+        else:
+            why = mismatch(msg, reply)
+            if why is not None:  # (Flower's SuperLink refuses such a reply; here its job fails at once)
+                reply = unmatched_error(msg, reply, why)
         if len(self.node_ids) > KEEP_ALL_CONTEXTS and self._pristine(ctx, partition):
             self.contexts.pop(nid, None)  # a fresh one is the same: memory grows with the jobs in flight, not N
         set_message_id(reply, f"r{msg.metadata.message_id}")

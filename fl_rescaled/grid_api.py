@@ -94,15 +94,19 @@ def as_async_grid(grid: Any, poll_interval: float = 0.002) -> AsyncGrid:
 
 
 def collect_replies(grid: AsyncGrid, message_ids: Iterable[str], deadline: float,
-                    on_reply: Callable[[Message], None]) -> set[str]:
+                    on_reply: Callable[[Message], bool | None]) -> set[str]:
     """Pull the replies to ``message_ids`` as they come, handing each to ``on_reply``, until all
-    have come or ``time.monotonic()`` passes ``deadline``; returns the ids still unanswered."""
+    have come or ``time.monotonic()`` passes ``deadline``; returns the ids still unanswered.
+
+    ``on_reply`` returns False for a reply that does not answer its message (a stray: another
+    node's, say); that message is still awaited.
+    """
     pending = set(message_ids)
     while pending:
         got = list(grid.pull_messages(list(pending)))
         for rep in got:
-            pending.discard(rep.metadata.reply_to_message_id)
-            on_reply(rep)
+            if on_reply(rep) is not False:
+                pending.discard(rep.metadata.reply_to_message_id)
         remaining = deadline - time.monotonic()
         if not pending or remaining <= 0:
             break

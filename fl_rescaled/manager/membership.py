@@ -19,6 +19,7 @@ from flwr.app import Message
 
 from fl_rescaled.errors import client_error_text
 from fl_rescaled.grid_api import AsyncGrid, collect_replies
+from fl_rescaled.matching import from_node
 from fl_rescaled.messages import hello_message, parse_hello
 
 from .transport import Transport
@@ -119,13 +120,18 @@ class Membership:
         partition: dict[int, int] = {}
         failed: dict[int, str] = {}
 
-        def answered(rep: Message) -> None:
-            node = node_of.get(rep.metadata.reply_to_message_id, rep.metadata.src_node_id)
+        def answered(rep: Message) -> bool:
+            node = node_of.get(rep.metadata.reply_to_message_id)
+            if node is None or not from_node(rep, node):  # (not the answer of the node asked: still awaited)
+                log.warning("ignored an answer to the partition query from node %s (the query went to node %s)",
+                            rep.metadata.src_node_id, node)
+                return False
             pid = parse_hello(rep)
             if pid is None:
                 failed[node] = str(rep.error.reason) if rep.has_error() else "no partition-id in the answer"
             else:
                 partition[node] = pid
+            return True
 
         pending = collect_replies(self.grid, ids, deadline, answered)
         if pending or failed:

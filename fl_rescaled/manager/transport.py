@@ -5,6 +5,13 @@ until the completion source consumes it; a second reply to the same job is a ``d
 reply to no job sent is an ``unknown-job`` (both strays); the reply of a cancelled job is
 handed to ``on_cancelled_reply`` (its compute time is wasted work); replies to the partition query
 go to ``on_hello``; strays to ``on_stray``.
+
+A reply counts only if it comes from the node its message went to, or is an error the SuperLink
+sent itself (``fl_rescaled.matching.from_node``). Any other is a stray, ``wrong-node``, not an
+outcome of the job it names: that job stays in flight, for its own node's reply or its TTL, so a
+node cannot have another's job charged (rejected, its worker set aside) by forging its reply, and
+the books still balance. Flower's SuperLink already refuses such replies; the in-process Grid turns
+them into an error reply to the forger's own job (``InProcessGrid._execute``).
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from collections.abc import Callable
 from flwr.app import Message
 
 from fl_rescaled.grid_api import AsyncGrid, collect_replies
+from fl_rescaled.matching import from_node
 from fl_rescaled.messages import JOB_TYPE, job_content
 
 from .jobs import Job
@@ -96,25 +104,44 @@ class Transport:
     def accept(self, replies: list[Message]) -> None:
         """Buffer pulled replies; book those that answer no job in flight."""
         for rep in replies:
-            mid = rep.metadata.reply_to_message_id
-            if mid in self.hello_pending:
-                self.on_hello(self.hello_pending.pop(mid), rep)
-            elif mid in self.cancelled:  # a cancelled job finished anyway
-                self.finished.add(mid)
-                self.on_cancelled_reply(self.cancelled.pop(mid), rep)
-            elif mid in self.inflight and mid not in self.arrived:
-                self.arrived[mid] = rep
-                self._arrival_order.append(mid)
-            else:
-                reason = "duplicate" if (mid in self.finished or mid in self.arrived) else "unknown-job"
-                self.on_stray(reason)
-                log.warning("ignored a reply to message %r: %s", mid, reason)
+            self.accept_one(rep)
+
+    def accept_one(self, rep: Message) -> bool:
+        """Buffer or hand over one reply; False for a stray (booked as such)."""
+        mid = rep.metadata.reply_to_message_id
+        sent_to = self._sent_to(mid)
+        if sent_to is not None and not from_node(rep, sent_to):
+            self.on_stray("wrong-node")
+            log.warning("ignored a reply to message %r: it comes from node %s, the message went to node %d "
+                        "(wrong-node)", mid, rep.metadata.src_node_id, sent_to)
+            return False
+        if mid in self.hello_pending:
+            self.on_hello(self.hello_pending.pop(mid), rep)
+        elif mid in self.cancelled:  # a cancelled job finished anyway
+            self.finished.add(mid)
+            self.on_cancelled_reply(self.cancelled.pop(mid), rep)
+        elif mid in self.inflight and mid not in self.arrived:
+            self.arrived[mid] = rep
+            self._arrival_order.append(mid)
+        else:
+            reason = "duplicate" if (mid in self.finished or mid in self.arrived) else "unknown-job"
+            self.on_stray(reason)
+            log.warning("ignored a reply to message %r: %s", mid, reason)
+            return False
+        return True
+
+    def _sent_to(self, mid: str) -> int | None:
+        """The node message ``mid`` went to, if it is still awaited (None: not one of ours, or answered)."""
+        if mid in self.hello_pending:
+            return self.hello_pending[mid]
+        job = self.cancelled.get(mid) or self.inflight.get(mid)
+        return None if job is None or mid in self.arrived else job.node_id
 
     def await_reply(self, job: Job) -> Message | None:
         """Block until the reply to ``job`` has arrived (virtual clock); None past its TTL."""
         mid = job.message_id
         if mid not in self.arrived:
-            collect_replies(self.grid, [mid], job.pushed_at + self.ttl, lambda rep: self.accept([rep]))
+            collect_replies(self.grid, [mid], job.pushed_at + self.ttl, self.accept_one)
         return self.arrived.pop(mid, None)
 
     def next_arrival(self) -> str | None:
