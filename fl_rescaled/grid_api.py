@@ -17,10 +17,16 @@ runtimes) in ``FlowerGrid``, which adds the defaults: the wall clock, empty node
 of ``poll_interval`` for a wait, nothing to discard, no pool. ``collect_replies`` is the one loop
 that waits for a set of replies (jobs on the virtual clock, the partition query, federated
 evaluation). ``set_message_id`` is the one place that writes Flower's private message metadata.
+
+Nothing waits in silence: ``Quiet`` times how long no awaited reply has come, and every
+``WAIT_NOTICE_EVERY`` seconds of it the waiting loop (``collect_replies``, and the wall clock's
+``WallSource.next``) logs a warning: what it waits for, since when, and when its deadline (a job's
+TTL, the evaluation's timeout) gives up on it.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
@@ -28,6 +34,12 @@ from typing import Any, Protocol, runtime_checkable
 
 from flwr.app import Message
 from flwr.serverapp import Grid
+
+log = logging.getLogger("flwr.fl_rescaled")
+
+#: While replies are awaited and none comes, the log says so every this many seconds (read when a
+#: silence starts: a test may set it lower).
+WAIT_NOTICE_EVERY = 60.0
 
 
 @runtime_checkable
@@ -93,25 +105,66 @@ def as_async_grid(grid: Any, poll_interval: float = 0.002) -> AsyncGrid:
     return FlowerGrid(grid, poll_interval)
 
 
+class Quiet:
+    """How long no awaited reply has come (``since``), and whether it is time to say so: ``due``
+    is True once per ``WAIT_NOTICE_EVERY`` seconds of silence."""
+
+    def __init__(self, now: float | None = None) -> None:
+        self.heard(now)
+
+    def heard(self, now: float | None = None) -> None:
+        """A reply came (or a wait starts): the silence starts now."""
+        self.since = time.monotonic() if now is None else now
+        self.every = WAIT_NOTICE_EVERY
+        self.next_at = self.since + self.every
+
+    def due(self, now: float) -> bool:
+        if now < self.next_at:
+            return False
+        self.next_at = now + self.every
+        return True
+
+    def left(self, now: float) -> float:
+        """Seconds until the next notice is due."""
+        return max(0.0, self.next_at - now)
+
+
+def seconds(x: float) -> str:
+    """A duration for the log: whole seconds from 10 s, else two significant digits."""
+    return f"{x:.0f} s" if x >= 10 else f"{x:.2g} s"
+
+
 def collect_replies(grid: AsyncGrid, message_ids: Iterable[str], deadline: float,
-                    on_reply: Callable[[Message], bool | None]) -> set[str]:
+                    on_reply: Callable[[Message], bool | None], *, what: str = "replies",
+                    at_deadline: str = "given up") -> set[str]:
     """Pull the replies to ``message_ids`` as they come, handing each to ``on_reply``, until all
     have come or ``time.monotonic()`` passes ``deadline``; returns the ids still unanswered.
 
     ``on_reply`` returns False for a reply that does not answer its message (a stray: another
-    node's, say); that message is still awaited.
+    node's, say); that message is still awaited. Every ``WAIT_NOTICE_EVERY`` seconds in which no
+    reply came, a warning says how many of ``what`` are missing, since when, and in how long they
+    are ``at_deadline``.
     """
     pending = set(message_ids)
+    total = len(pending)
+    quiet = Quiet()
     while pending:
+        before = len(pending)
         got = list(grid.pull_messages(list(pending)))
         for rep in got:
             if on_reply(rep) is not False:
                 pending.discard(rep.metadata.reply_to_message_id)
-        remaining = deadline - time.monotonic()
+        now = time.monotonic()
+        remaining = deadline - now
         if not pending or remaining <= 0:
             break
+        if len(pending) < before:
+            quiet.heard(now)
+        elif quiet.due(now):
+            log.warning("still waiting for %s: %d of %d missing, none came for %s; %s in %s", what, len(pending),
+                        total, seconds(now - quiet.since), at_deadline, seconds(remaining))
         if not got:
-            grid.wait_messages(list(pending), timeout=remaining)
+            grid.wait_messages(list(pending), timeout=min(remaining, quiet.left(now)))
     return pending
 
 

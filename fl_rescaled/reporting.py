@@ -188,7 +188,12 @@ class FederatedEvaluation:
             elif rep.has_content():
                 window.add(reply_metrics(rep.content))
 
-        collect_replies(self.grid, self.grid.push_messages(msgs), time.monotonic() + self.timeout, answered)
+        missing = collect_replies(self.grid, self.grid.push_messages(msgs), time.monotonic() + self.timeout,
+                                  answered, what=f"federated evaluation replies (point {step})",
+                                  at_deadline=f"given up at the timeout ({self.timeout:g} s)")
+        if missing:
+            log.warning("federated evaluation: %d of %d nodes did not answer within the timeout (%g s)",
+                        len(missing), len(chosen), self.timeout)
         if errors and not self.failed_once:
             self.failed_once = True
             log.warning("federated evaluation: %d of %d nodes failed (%s); set fraction_evaluate=0 if the "

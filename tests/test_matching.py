@@ -325,3 +325,84 @@ def test_localdpmod_on_the_whole_clientapp_fails_each_evaluation_at_once_and_on_
     assert res.evaluate_metrics_clientapp and all(m["loss"] == 1.5 for m in res.evaluate_metrics_clientapp.values())
 
 
+# ---------------------------------------------------------------------------------- nobody answers
+class ReleaseOn(logging.Handler):
+    """Sets ``event`` when a log line contains ``text`` (the ClientApps below wait for it)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(logging.WARNING)
+        self.text, self.event, self.lines = text, threading.Event(), []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        line = record.getMessage()
+        if self.text in line:
+            self.lines.append(line)
+            self.event.set()
+
+
+@contextmanager
+def released_on(text: str, monkeypatch):
+    monkeypatch.setattr(grid_api, "WAIT_NOTICE_EVERY", 0.05, raising=False)
+    handler = ReleaseOn(text)
+    logger = logging.getLogger("flwr.fl_rescaled")
+    logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        handler.event.set()
+
+
+def test_on_the_wall_clock_the_log_says_what_is_in_flight_and_the_ttl_books_it_lost(monkeypatch):
+    """Every node waits until the log says that jobs are in flight and none finished (up to 30 s);
+    then nodes 1 and 2 answer, each after 0.05 s, and node 0 never does: 40 updates take at least
+    1 s, past its job's TTL (0.5 s), which books it lost."""
+    with released_on("job(s) in flight and none finished", monkeypatch) as said:
+        never = threading.Event()
+        app = ClientApp()
+
+        @app.train()
+        def train(msg, context):
+            said.event.wait(30)
+            if int(context.node_config["partition-id"]) == 0:
+                never.wait(30)
+            time.sleep(0.05)
+            return reply(msg, {"w": Array(gradient(msg, context).astype(np.float32))})
+
+        grid = InProcessGrid(app, 3, threaded=True, ordered_ids=True)
+        s = RescaledASGD(lr=0.1, fraction_evaluate=0)
+        try:
+            with no_hang():
+                s.start(grid, X0, num_updates=40, clock=WallClock(0.01), timeout=0.5)
+        finally:
+            never.set()
+            grid.close()
+    assert said.lines, "the log never said that jobs were waited for"
+    assert "3 job(s) in flight and none finished for" in said.lines[0]
+    assert "the oldest, job 0 on node" in said.lines[0] and "its TTL (0.5 s) books it lost in" in said.lines[0]
+    books = s.last_run.manager.books
+    assert books.by_reason("lost").get("ttl-expired", 0) >= 1 and books.count("lost")[0] >= 1
+    assert all(r["balanced"] for r in books.balance())
+
+
+def test_on_the_virtual_clock_a_reply_that_does_not_come_is_announced(monkeypatch):
+    """The Grid computes jobs ahead on a pool; every ClientApp waits until the log says that the
+    reply to a job is awaited (up to 30 s)."""
+    with released_on("still waiting for the reply to job", monkeypatch) as said:
+        app = ClientApp()
+
+        @app.train()
+        def train(msg, context):
+            said.event.wait(30)
+            return reply(msg, {"w": Array(gradient(msg, context).astype(np.float32))})
+
+        grid = InProcessGrid(app, 2, workers=2)
+        s = RescaledASGD(lr=0.1, fraction_evaluate=0)
+        try:
+            with no_hang():
+                res = s.start(grid, X0, num_updates=4, clock=VirtualClock(DelayModel([1.0, 1.5])))
+        finally:
+            grid.close()
+    assert said.lines and "1 of 1 missing, none came for" in said.lines[0]
+    assert "its TTL (3600 s) books it lost in" in said.lines[0]
+    assert res.books["updates"] == 4 and res.books["lost"] == 0

@@ -133,7 +133,8 @@ class Membership:
                 partition[node] = pid
             return True
 
-        pending = collect_replies(self.grid, ids, deadline, answered)
+        pending = collect_replies(self.grid, ids, deadline, answered, what="answers to the partition query",
+                                  at_deadline="the run fails")
         if pending or failed:
             why = (f"{len(pending)} node(s) did not answer within the timeout" if pending
                    else f"node {next(iter(failed))} answered: {client_error_text(next(iter(failed.values())))}")

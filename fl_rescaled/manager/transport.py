@@ -12,6 +12,9 @@ outcome of the job it names: that job stays in flight, for its own node's reply 
 node cannot have another's job charged (rejected, its worker set aside) by forging its reply, and
 the books still balance. Flower's SuperLink already refuses such replies; the in-process Grid turns
 them into an error reply to the forger's own job (``InProcessGrid._execute``).
+
+Nothing waits in silence: while the virtual clock waits for a job's reply, ``collect_replies`` logs
+every ``grid_api.WAIT_NOTICE_EVERY`` seconds what it waits for and when the TTL books it lost.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from collections.abc import Callable
 
 from flwr.app import Message
 
-from fl_rescaled.grid_api import AsyncGrid, collect_replies
+from fl_rescaled.grid_api import AsyncGrid, collect_replies, seconds
 from fl_rescaled.matching import from_node
 from fl_rescaled.messages import JOB_TYPE, job_content
 
@@ -141,7 +144,9 @@ class Transport:
         """Block until the reply to ``job`` has arrived (virtual clock); None past its TTL."""
         mid = job.message_id
         if mid not in self.arrived:
-            collect_replies(self.grid, [mid], job.pushed_at + self.ttl, self.accept_one)
+            collect_replies(self.grid, [mid], job.pushed_at + self.ttl, self.accept_one,
+                            what=f"the reply to job {job.job_id} (node {job.node_id})",
+                            at_deadline=f"its TTL ({seconds(self.ttl)}) books it lost")
         return self.arrived.pop(mid, None)
 
     def next_arrival(self) -> str | None:

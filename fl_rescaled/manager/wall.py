@@ -7,10 +7,15 @@ so the strategy can give it work. Each worker's mean compute time τ_i is estima
 exponential moving average (initialised by the first measurement) of the time between its
 deliveries (``interval``) or of its reported compute time (``compute``). A client's report is never
 trusted beyond what the server saw: it is clamped to the time from the job's dispatch to its reply.
+
+Nothing is waited for in silence: every ``grid_api.WAIT_NOTICE_EVERY`` seconds (a minute) in which
+no job finished, a warning says how many jobs are in flight, the oldest one's age and node, and when
+its TTL books it lost (or, with no job in flight, that the run waits for nodes to come back).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Sequence
@@ -20,6 +25,7 @@ import numpy as np
 from flwr.app import Message
 
 from fl_rescaled.clock import WallClock
+from fl_rescaled.grid_api import Quiet, seconds
 from fl_rescaled.messages import reply_metrics
 from fl_rescaled.stepsizes import TauTable
 
@@ -28,6 +34,7 @@ from .membership import Membership
 from .transport import Transport
 
 TAU_ESTIMATORS = ("interval", "compute")
+log = logging.getLogger("flwr.fl_rescaled")
 
 
 def reported_compute_time(metrics: dict[str, Any], observed: float) -> float:
@@ -56,6 +63,7 @@ class WallSource:
         self.poll_interval = poll_interval
         self.taus = TauTable(0)
         self.last_delivery = np.zeros(0)  # per worker: time.monotonic() of its last accepted reply
+        self.quiet: Quiet | None = None  # since the last completion handed over (None: none awaited yet)
 
     def tau_table(self, num_workers: int, weights: Sequence[float] | None) -> TauTable:
         """Estimates that start unknown and come in with the deliveries."""
@@ -70,6 +78,8 @@ class WallSource:
         """The next reply to arrive (or the oldest job past its TTL, lost); None past ``budget``
         or when a worker (re)joined (the strategy gives it a job, then asks again)."""
         transport, membership = self.transport, self.membership
+        if self.quiet is None:
+            self.quiet = Quiet()
         while True:
             if self.clock.now > budget:
                 return None
@@ -81,13 +91,32 @@ class WallSource:
             if mid is not None:
                 if self.clock.held:  # the first reply: a node is ready, the budget starts now
                     self.clock.restart()
+                self.quiet = None
                 return transport.inflight[mid], transport.arrived.pop(mid), self.clock.now, None
             expired = transport.expired_job()
             if expired is not None:
                 if self.clock.held:
                     self.clock.restart()
+                self.quiet = None
                 return expired, None, self.clock.now, "ttl-expired"
+            now = time.monotonic()
+            if self.quiet.due(now):
+                log.warning("%s", self.waiting(now))
             time.sleep(self.poll_interval)
+
+    def waiting(self, now: float) -> str:
+        """What the run waits for (the log line of a long silence)."""
+        silent = seconds(now - self.quiet.since) if self.quiet is not None else "0 s"
+        inflight = self.transport.inflight
+        if not inflight:
+            offline = self.membership.roster.online.size - len(self.membership.online_workers())
+            return (f"no job in flight and none finished for {silent}: waiting for nodes to come back "
+                    f"({offline} of {self.membership.roster.online.size} workers offline)")
+        oldest = next(iter(inflight.values()))
+        age = now - oldest.pushed_at
+        return (f"{len(inflight)} job(s) in flight and none finished for {silent}; the oldest, job {oldest.job_id} "
+                f"on node {oldest.node_id}, was sent {seconds(age)} ago: its TTL ({seconds(self.transport.ttl)}) "
+                f"books it lost in {seconds(max(0.0, self.transport.ttl - age))} if no reply comes")
 
     @staticmethod
     def work(job: Job) -> float:
