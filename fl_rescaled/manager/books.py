@@ -16,8 +16,9 @@ rejected + lost + discarded (cancelled + unused) + in flight. Replies that answe
 (a second reply to the same job, a reply to a job never sent) are not job outcomes: they are
 counted as ``stray.<reason>``.
 
-``strikes`` counts, per worker, its replies rejected in a row (an applied one resets it): the
-manager sets aside a worker with too many (``AsyncClientManager``).
+``strikes`` counts, per worker, its jobs that failed in a row (``is_strike``: a rejection, or a
+lost job the client is to blame for; an applied reply resets it): the manager sets aside a worker
+with too many (``AsyncClientManager``).
 
 The per-worker numbers are numpy arrays (a population of 100,000 clients costs a few MB).
 """
@@ -34,6 +35,14 @@ import numpy as np
 #: raised (2) or crashed (8), the message (3) or the node (5) became unavailable).
 LOST_REASONS = ("lost", "ttl-expired", "resumed", "offline")
 
+#: Lost reasons that say nothing about the client, so no strike: its node left or went offline,
+#: Flower's message or reply expired in transit (MESSAGE_UNAVAILABLE 3, REPLY_MESSAGE_UNAVAILABLE 4,
+#: NODE_UNAVAILABLE 5), the server restarted. Availability deals with them. Every other failure is
+#: a strike: a rejection, an error reply of the ClientApp (it raised: 2, crashed: 8, could not be
+#: loaded: 1, ...), and no reply within the job's TTL from a node still there (``ttl-expired``;
+#: ``lost`` on the virtual clock), which a round would otherwise wait a whole TTL for, every time.
+NOT_A_STRIKE = ("offline", "resumed", "error-code-3", "error-code-4", "error-code-5")
+
 #: Evaluation rows carry per-worker lists up to this many workers (a population's would not fit:
 #: 100,000 clients × 200 evaluations); beyond, their means and extremes.
 PER_WORKER_ROWS = 1000
@@ -49,6 +58,11 @@ def is_lost(reason: str) -> bool:
 def outcome_of(reason: str) -> str:
     """The outcome key of a job that failed for ``reason``: ``lost.<reason>`` or ``rejected.<reason>``."""
     return f"{'lost' if is_lost(reason) else 'rejected'}.{reason}"
+
+
+def is_strike(outcome: str) -> bool:
+    """Whether a job that ended with ``outcome`` counts against its client (see ``NOT_A_STRIKE``)."""
+    return outcome.startswith("rejected.") or (outcome.startswith("lost.") and outcome[5:] not in NOT_A_STRIKE)
 
 
 def _zeros(dtype: type) -> Any:
@@ -74,7 +88,7 @@ class Books:
     stepsize_sum: float = 0.0
     stray: dict[str, int] = field(default_factory=dict)
     first_failure: tuple[str, str] | None = None  # (reason, detail) of the first failed job
-    strikes: np.ndarray = _zeros(np.int64)  # per worker: its replies rejected in a row
+    strikes: np.ndarray = _zeros(np.int64)  # per worker: its jobs failed in a row (``is_strike``)
 
     @classmethod
     def sized(cls, num_workers: int) -> Books:
@@ -117,7 +131,7 @@ class Books:
         counts[worker] += 1
         if outcome == "applied":
             self.strikes[worker] = 0
-        elif outcome.startswith("rejected."):
+        elif is_strike(outcome):
             self.strikes[worker] += 1
         if self.first_failure is None and outcome.startswith(("rejected.", "lost.")):
             self.first_failure = (outcome.split(".", 1)[1], detail)
