@@ -34,7 +34,7 @@ from fl_rescaled.grid_api import AsyncGrid
 from fl_rescaled.layout import ModelLayout, all_finite, read_reply
 from fl_rescaled.stepsizes import TauTable
 
-from .books import Books, is_lost, is_strike, outcome_of
+from .books import DETAIL_LIMIT, Books, is_lost, is_strike, outcome_of
 from .jobs import NODE_GONE, Completion, Job, zero_nonfinite_replicas
 from .membership import Membership
 from .observers import ManagerObserver
@@ -290,10 +290,11 @@ class AsyncClientManager:
         else:
             try:
                 self._read_reply(comp, reply)
-            except RejectedReply as rej:
-                comp.rejected, comp.detail = rej.reason, rej.detail
-                log.warning("%s the reply to job %d (%s): %s", "lost" if is_lost(rej.reason) else "rejected",
-                            job.job_id, self.membership.name(w), rej)
+            except RejectedReply as rej:  # (a client's error code and text, bounded: ``Books.reason_key``)
+                comp.rejected, comp.detail = self.books.reason_key(str(rej.reason)), str(rej.detail)[:DETAIL_LIMIT]
+                log.warning("%s the reply to job %d (%s): %s: %s", "lost" if is_lost(comp.rejected) else "rejected",
+                            job.job_id, self.membership.name(w), comp.rejected,
+                            failure_text(comp.rejected, comp.detail, 300))
         if comp.ok:
             self.books.busy_done[w] += self.source.accepted(job, comp.metrics)
             self.books.ended(w, "applied")
