@@ -60,12 +60,13 @@ import logging  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
-from flwr.app import Array, ArrayRecord, Error, Message  # noqa: E402
+from flwr.app import Array, ArrayRecord, Error, Message, MetricRecord, RecordDict  # noqa: E402
 
 import hostile  # noqa: E402
 from fl_rescaled import DelayModel, InProcessGrid, RunFailed, VirtualClock  # noqa: E402
 from fl_rescaled.checkpoints import CheckpointError  # noqa: E402
 from fl_rescaled.manager.books import DETAIL_LIMIT, MAX_OUTCOMES, OTHER_CODE, UNKNOWN_CODES, Books  # noqa: E402
+from fl_rescaled.reporting import MAX_METRIC_KEYS  # noqa: E402
 from fl_rescaled.runstate import Checkpointing, load, save  # noqa: E402
 
 
@@ -171,3 +172,46 @@ def test_a_huge_error_text_with_line_breaks_stays_one_short_line(caplog):
     assert all("\n" not in ln and "\r" not in ln and "\x1b" not in ln and len(ln) < 2000 for ln in lines), \
         max(map(len, lines))
 
+
+class MetricFloodGrid(InProcessGrid):
+    """``hostile``'s four nodes; partition 2's replies carry 1,000 metric names never seen before."""
+
+    def __init__(self) -> None:
+        super().__init__(hostile.app, hostile.N)
+        self.k = 0
+
+    def _execute(self, msg):
+        rep = super()._execute(msg)
+        if msg.metadata.message_type == "train" and msg.metadata.dst_node_id == self.node_ids[2]:
+            self.k += 1
+            rep.content["metrics"] = MetricRecord({**rep.content["metrics"],
+                                                   **{f"m{self.k}-{j}": 1.0 for j in range(1000)}})
+        return rep
+
+
+@pytest.mark.parametrize("custom", [False, True])
+def test_fresh_metric_names_in_every_reply_are_bounded_per_window(custom, caplog):
+    """The window of reply metrics keeps at most MAX_METRIC_KEYS names (FedAvg's aggregation, or a
+    custom one that sees the kept replies); the rest are dropped with one warning, and the history
+    and the checkpointed state stay small."""
+    from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
+
+    caplog.set_level(logging.WARNING, logger="flwr.fl_rescaled")
+    s = STRATEGIES["rescaled"](fraction_evaluate=0.0, train_metrics_aggr_fn=aggregate_metricrecords if custom else None)
+    res = s.start(MetricFloodGrid(), ArrayRecord({"w": Array(np.zeros(hostile.DIM, np.float32))}), time_budget=100.0,
+                  clock=VirtualClock(DelayModel(hostile.TAUS)), train_config={"reply": "gradient"},
+                  partition_query=True)
+    assert res.books["updates"] > 100
+    rows = list(res.train_metrics_clientapp.values())
+    assert len(rows) == 10 and all(0 < len(r) <= MAX_METRIC_KEYS for r in rows), [len(r) for r in rows]
+    assert all("loss" in r for r in rows)  # (the honest name, seen first, is kept)
+    assert sum("names dropped" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_metric_list_longer_than_the_bound_is_dropped(caplog):
+    from fl_rescaled.messages import MAX_METRIC_LIST, reply_metrics
+
+    caplog.set_level(logging.WARNING, logger="flwr.fl_rescaled")
+    rec = MetricRecord({"per-class": [0.5] * MAX_METRIC_LIST, "flood": [1.0] * 1_000_000, "loss": 1.0})
+    assert sorted(reply_metrics(RecordDict({"metrics": rec}))) == ["loss", "per-class"]
+    assert any("'flood' was dropped" in r.getMessage() and "at most 1000" in r.getMessage() for r in caplog.records)
