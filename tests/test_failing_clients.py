@@ -18,7 +18,7 @@ from flwr.app import Array, ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 
 import hostile
-from conftest import assert_books_balance
+from conftest import assert_books_balance, quad
 from fl_rescaled import DelayModel, InProcessGrid, RunFailed, VirtualClock, WallClock, add_partition_query
 from fl_rescaled.manager import OnEvent
 from fl_rescaled.manager.books import Books
@@ -158,3 +158,14 @@ def test_which_failures_are_strikes():
     books.sent(0)
     books.ended(0, "applied")
     assert books.strikes[0] == 0
+
+
+@pytest.mark.parametrize("name", ["rescaled", "malenia"])
+def test_a_client_set_aside_stays_aside_when_its_availability_brings_it_back(name):
+    """Virtual clock with daily availability: client 0's replies overflow (rejected). Set aside after
+    three, it is not sent a job when it comes online again (before, Rescaled sent it 150)."""
+    out = quad(strategy=name, taus=[1, 2, 3, 2], quad_a=[1e308, 1, 1, 1], quad_b=[1, 0, 2, 1], quad_x0=0.0, lr=0.05,
+               budget=300, eval_every=100, availability="daily", availability_period=10.0, availability_fraction=0.5)
+    books = out["books"]
+    assert books["sent-per-worker"][0] == books["rejected-per-worker"][0] == SET_ASIDE_AFTER, books
+    assert min(books["applied-per-worker"][1:]) > 10
