@@ -169,3 +169,22 @@ def test_a_client_set_aside_stays_aside_when_its_availability_brings_it_back(nam
     books = out["books"]
     assert books["sent-per-worker"][0] == books["rejected-per-worker"][0] == SET_ASIDE_AFTER, books
     assert min(books["applied-per-worker"][1:]) > 10
+
+
+def test_on_the_wall_clock_a_client_set_aside_is_tried_again_after_its_time_then_for_twice_as_long(
+        caplog, monkeypatch):
+    """With 0.2 s for the first time (60 s in a run) and nodes looked at every 0.05 s: the failing
+    client gets one job again after its time, fails, and is set aside for 0.4 s. (The 60 rounds last
+    at least 60 × 17 ms of the nodes' sleeps, on any machine: longer than 0.2 s, a look at the nodes
+    and one 22 ms job.)"""
+    import fl_rescaled.manager.manager as manager
+    from fl_rescaled.manager import ManagerSettings
+
+    monkeypatch.setattr(manager, "SET_ASIDE_SECONDS", 0.2)
+    caplog.set_level(logging.WARNING, logger="flwr.fl_rescaled")
+    _, res = start("malenia", grid(failing=[3], wall=True), wall=True, num_updates=60, time_budget=1000.0,
+                   settings=ManagerSettings(node_refresh=0.05))
+    lines = set_aside_lines(caplog)
+    assert "its last 3 jobs failed" in lines[0] and "for 0.2 s" in lines[0], lines
+    assert "its last 4 jobs failed" in lines[1] and "for 0.4 s" in lines[1], lines
+    assert res.books["sent-per-worker"][3] >= SET_ASIDE_AFTER + 1 and res.books["updates"] == 60
