@@ -188,3 +188,27 @@ def test_on_the_wall_clock_a_client_set_aside_is_tried_again_after_its_time_then
     assert "its last 3 jobs failed" in lines[0] and "for 0.2 s" in lines[0], lines
     assert "its last 4 jobs failed" in lines[1] and "for 0.4 s" in lines[1], lines
     assert res.books["sent-per-worker"][3] >= SET_ASIDE_AFTER + 1 and res.books["updates"] == 60
+
+
+def test_nodes_that_are_no_workers_do_not_pile_up_in_the_roster(caplog):
+    """Wall clock, workers numbered by node id: every look at the nodes lists one more node that is
+    no worker (a SuperNode that registers, leaves, and registers again under a new id). The roster
+    keeps only the ones listed now (before, every one ever seen: one per look)."""
+    from fl_rescaled.manager import ManagerSettings
+
+    class Churn(InProcessGrid):
+        looks = 0
+
+        def get_node_ids(self):
+            Churn.looks += 1
+            return [*super().get_node_ids(), 2**62 + Churn.looks]  # (above every real id)
+
+    g = Churn(app, hostile.N, node_configs=[{"sleep": t * UNIT} for t in hostile.TAUS], threaded=True)
+    s = strategy("rescaled")
+    try:
+        s.start(g, ArrayRecord({"w": Array(np.zeros(hostile.DIM, np.float32))}), clock=WallClock(UNIT),
+                train_config={"reply": "gradient"}, num_workers=hostile.N, num_updates=100, time_budget=1000.0,
+                settings=ManagerSettings(node_refresh=0.01))
+    finally:
+        g.close()
+    assert Churn.looks > 20 and len(s.last_run.manager.membership.roster.ignored) <= 1

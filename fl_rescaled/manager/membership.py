@@ -188,6 +188,7 @@ class Membership:
             log.warning("could not list nodes: %s", exc)
             return
         pending_hello = set(self.transport.hello_pending.values())
+        roster.ignored = [n for n in roster.ignored if n in current]  # (nodes that come and go: no pile)
         now = time.monotonic()
         for i, node in enumerate(roster.node_ids):
             if roster.online[i] and node not in current and not self.has_jobs(i):
