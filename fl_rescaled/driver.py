@@ -28,7 +28,7 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 
 from .checkpoints import CheckpointError
 from .clock import Clock, default_clock, time_unit
-from .errors import RunFailed, client_error_text
+from .errors import RunFailed, failure_text
 from .grid_api import as_async_grid
 from .layout import ModelLayout
 from .manager import NODE_GONE, AsyncClientManager, Completion, Job, ManagerObserver, ManagerSettings
@@ -136,8 +136,10 @@ class RunAPI:
 
 
 class FailureCheck:
-    """Stops a run that cannot make progress: every worker answered and no reply could be used, or
-    ``limit`` replies in a row were rejected (jobs lost because their node left do not count)."""
+    """Stops a run that cannot make progress: every worker answered and no reply could be used,
+    ``limit`` replies in a row were rejected (jobs lost because their node left do not count), or
+    more than half the clients failed too often in a row to be set aside (the manager's
+    ``too_many_failing``)."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -157,6 +159,8 @@ class FailureCheck:
         if state.consecutive >= self.limit:
             raise RunFailed(self.failure(books, f"{state.consecutive} replies in a row were rejected"),
                             manager.books_totals())
+        if manager.too_many_failing:  # (more than half the clients failed m times in a row each)
+            raise RunFailed(self.failure(books, manager.too_many_failing), manager.books_totals())
 
     @staticmethod
     def failure(books: Any, what: str) -> str:
@@ -164,7 +168,7 @@ class FailureCheck:
         if first is None:
             return f"the run cannot make progress: {what}"
         reason, detail = first
-        text = client_error_text(detail) if reason.startswith("error-code") else detail
+        text = failure_text(reason, detail)
         return f"the run cannot make progress: {what}. The first rejection ({reason}): {text}"
 
 

@@ -69,3 +69,9 @@ def client_error_text(reason: str, limit: int = 400) -> str:
             text = f"{m.group(1).rsplit('.', 1)[-1]}: {m.group(2)}"
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def failure_text(reason: str, detail: str, limit: int = 400) -> str:
+    """A failed job's detail on one line of at most ``limit`` characters: the ClientApp's own
+    exception for Flower's error replies (``error-code-N``), else the detail as one line."""
+    return client_error_text(detail, limit) if reason.startswith("error-code") else one_line(detail, limit)

@@ -46,6 +46,9 @@ def job_content(arrays: ArrayRecord, config: dict[str, Any], arrayrecord_key: st
 #: Metric keys with a meaning of their own: a count of examples and a compute time in seconds.
 NUM_EXAMPLES, COMPUTE_TIME = "num-examples", "compute-time"
 _FLOAT_MAX = int(sys.float_info.max)
+#: The longest list a metric may be (per-class accuracies, say): a longer one is dropped, so that a
+#: reply cannot make the history of every evaluation window megabytes long.
+MAX_METRIC_LIST = 1000
 _dropped: set[tuple[str, str]] = set()  # (key, reason) already logged
 
 
@@ -58,8 +61,8 @@ def reply_metrics(content: RecordDict) -> dict[str, Any]:
     ``list[float]`` metrics), as plain Python values; ``num-examples`` only as a non-negative
     integer-valued number (kept as an int); ``compute-time`` only finite and ≥ 0 (the caller clamps
     it to what the server observed). Dropped, with the reason logged once per key and reason: NaN,
-    ±inf, a bad count or time, any other type, and keys that start with ``$`` (reserved by the
-    checkpoint format). ConfigRecords and ArrayRecords are not metrics and are not read here.
+    ±inf, a bad count or time, a list of more than ``MAX_METRIC_LIST`` values, any other type, and
+    keys that start with ``$`` (reserved by the checkpoint format). ConfigRecords and ArrayRecords are not metrics and are not read here.
     """
     out: dict[str, Any] = {}
     for record in content.values():
@@ -79,6 +82,8 @@ def metric_value(key: str, value: Any) -> tuple[Any, str]:
     if not isinstance(key, str) or key.startswith("$"):
         return None, "a metric name may not start with '$'"
     if isinstance(value, list):
+        if len(value) > MAX_METRIC_LIST:
+            return None, f"a list of metrics may hold at most {MAX_METRIC_LIST} values"
         if all(_finite_number(v) for v in value):
             return [_plain(v) for v in value], ""
         return None, "a list of metrics must hold finite numbers only"

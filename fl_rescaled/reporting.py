@@ -57,13 +57,20 @@ class AsyncResult(Result):
 AggregateFn = Callable[[list[RecordDict], str], MetricRecord]
 
 
+#: The most metric names one evaluation window keeps: the replies' further names are dropped (one
+#: warning per run), so a client that sends fresh names with every reply cannot grow the window,
+#: the history or the checkpoint without bound.
+MAX_METRIC_KEYS = 256
+
+
 @dataclass
 class MetricWindow:
     """The metrics of the replies accepted since the last evaluation point, aggregated as Flower's
     FedAvg aggregates a round's (``aggregate_metricrecords``): each key's average over the replies
     that carry it, weighted by their ``weighted_by_key`` metric (``num-examples``; 1 when a reply has
     none), lists element by element; the weight key itself is left out. Non-numbers, non-finite
-    values and lists of another length than the window's are dropped.
+    values and lists of another length than the window's are dropped, and so are the names beyond
+    the window's first ``MAX_METRIC_KEYS``.
 
     With a custom aggregation (``aggregate``: FedAvg's ``train_metrics_aggr_fn`` signature) the
     window keeps the replies' metrics instead and hands them over as Flower ``RecordDict`` s.
@@ -74,17 +81,37 @@ class MetricWindow:
     weights: dict[str, float] = field(default_factory=dict)
     replies: int = 0
     kept: list[dict[str, Any]] | None = None  # the replies' metrics (a custom aggregation)
+    names: set[str] | None = field(default=None, metadata={"transient": True})  # (kept: the names so far)
+    warned: bool = field(default=False, metadata={"transient": True})
 
     def clear(self) -> None:
-        self.sums, self.weights, self.replies = {}, {}, 0
+        self.sums, self.weights, self.replies, self.names = {}, {}, 0, None
         if self.kept is not None:
             self.kept = []
+
+    def _bounded(self, metrics: dict[str, Any], names: Any) -> dict[str, Any]:
+        """``metrics`` without the names that would take the window past ``MAX_METRIC_KEYS``."""
+        new = [k for k in metrics if k not in names and k != self.key]
+        room = MAX_METRIC_KEYS - len(names)
+        if len(new) <= room:
+            return metrics
+        if not self.warned:
+            self.warned = True
+            log.warning("a reply's metrics would take the window past %d names: %d names dropped (and any "
+                        "further ones, without another warning)", MAX_METRIC_KEYS, len(new) - max(room, 0))
+        dropped = set(new[max(room, 0):])
+        return {k: v for k, v in metrics.items() if k not in dropped}
 
     def add(self, metrics: dict[str, Any]) -> None:
         self.replies += 1
         if self.kept is not None:
+            if self.names is None:
+                self.names = {k for m in self.kept for k in m if k != self.key}
+            metrics = self._bounded(metrics, self.names)
+            self.names.update(k for k in metrics if k != self.key)
             self.kept.append(dict(metrics))
             return
+        metrics = self._bounded(metrics, self.sums)
         w = metrics.get(self.key)
         w = float(w) if _number(w) and w > 0 else 1.0
         for k, v in metrics.items():

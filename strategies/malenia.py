@@ -38,7 +38,8 @@ class MaleniaSGD(AsyncStrategy):
 
     On the wall clock a round waits only for the workers that are online: a worker whose node left
     is not waited for, the mean runs over the workers that delivered, and a worker that comes back
-    gets a job on the current model and is waited for again.
+    gets a job on the current model and is waited for again. A client that keeps failing is set
+    aside and the round closes without it (docs/methods.md, "Clients that keep failing").
 
     Parameters
     ----------

@@ -38,7 +38,9 @@ class MinibatchSGD(AsyncStrategy):
     waits for the next; one that goes offline during it (its job lost) is dropped, and the round
     closes on those left (the mean runs over those that delivered; a round that all left ends with
     no step). A worker of the round whose node comes back before the round closes (a restarted
-    SuperNode, or every node after a resumed server on the wall clock) redoes its job.
+    SuperNode, or every node after a resumed server on the wall clock) redoes its job. A client
+    that keeps failing is set aside and dropped from the round the same way (docs/methods.md,
+    "Clients that keep failing"); FedAvg's rounds too.
 
     Parameters
     ----------

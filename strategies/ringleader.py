@@ -48,7 +48,8 @@ class RingleaderASGD(AsyncStrategy):
 
     On the wall clock a worker whose node left is not waited for: phase 1 ends when every online
     worker is in the table, phase 2 serves the online workers, and the mean runs over the table's
-    filled rows. A worker that comes back gets a job on the current model.
+    filled rows. A worker that comes back gets a job on the current model. A client that keeps
+    failing is set aside, and no round waits for it (docs/methods.md, "Clients that keep failing").
 
     Parameters
     ----------

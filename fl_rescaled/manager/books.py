@@ -16,23 +16,55 @@ rejected + lost + discarded (cancelled + unused) + in flight. Replies that answe
 (a second reply to the same job, a reply to a job never sent) are not job outcomes: they are
 counted as ``stray.<reason>``.
 
-``strikes`` counts, per worker, its replies rejected in a row (an applied one resets it): the
-manager sets aside a worker with too many (``AsyncClientManager``).
+``strikes`` counts, per worker, its jobs that failed in a row (``is_strike``: a rejection, or a
+lost job the client is to blame for; an applied reply resets it): the manager sets aside a worker
+with too many (``AsyncClientManager``).
+
+The table is bounded whatever the clients send (``reason_key``): Flower's own error codes
+(``ErrorCode``) keep a key each, the first ``UNKNOWN_CODES`` other integer codes too, and every
+further code (or a code that is no integer) is pooled as ``error-code-other``; at most
+``MAX_OUTCOMES`` keys in all (a checkpoint with more is refused), and a failure's detail is kept to
+``DETAIL_LIMIT`` characters.
 
 The per-worker numbers are numpy arrays (a population of 100,000 clients costs a few MB).
 """
 
 from __future__ import annotations
 
+import logging
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from flwr.common.constant import ErrorCode
+
+log = logging.getLogger("flwr.fl_rescaled")
 
 #: Reasons for which a job counts as lost (no usable reply came) rather than rejected: our own
 #: TTL expiry, a restarted server, a client that went offline, and every Flower error reply (``error-code-N``: the ClientApp
 #: raised (2) or crashed (8), the message (3) or the node (5) became unavailable).
 LOST_REASONS = ("lost", "ttl-expired", "resumed", "offline")
+
+#: Lost reasons that say nothing about the client, so no strike: its node left or went offline,
+#: Flower's message or reply expired in transit (MESSAGE_UNAVAILABLE 3, REPLY_MESSAGE_UNAVAILABLE 4,
+#: NODE_UNAVAILABLE 5), the server restarted. Availability deals with them. Every other failure is
+#: a strike: a rejection, an error reply of the ClientApp (it raised: 2, crashed: 8, could not be
+#: loaded: 1, ...), and no reply within the job's TTL from a node still there (``ttl-expired``;
+#: ``lost`` on the virtual clock), which a round would otherwise wait a whole TTL for, every time.
+NOT_A_STRIKE = ("offline", "resumed", "error-code-3", "error-code-4", "error-code-5")
+
+#: Flower's error codes: each keeps its own key in the books.
+KNOWN_CODES = frozenset(v for k, v in vars(ErrorCode).items() if k.isupper() and isinstance(v, int))
+#: Other integer error codes with a key of their own (the first ones seen); the rest share one.
+UNKNOWN_CODES = 4
+OTHER_CODE = "error-code-other"
+_CODE = re.compile(r"error-code-(-?[0-9]{1,18})")
+#: The most outcome keys the books hold: applied, unused, cancelled, our own rejection reasons, the
+#: lost reasons, Flower's codes, ``UNKNOWN_CODES`` and the pooled one, with room to spare.
+MAX_OUTCOMES = 48
+#: Characters kept of a failure's detail (a client's error text can be megabytes).
+DETAIL_LIMIT = 2000
 
 #: Evaluation rows carry per-worker lists up to this many workers (a population's would not fit:
 #: 100,000 clients × 200 evaluations); beyond, their means and extremes.
@@ -49,6 +81,17 @@ def is_lost(reason: str) -> bool:
 def outcome_of(reason: str) -> str:
     """The outcome key of a job that failed for ``reason``: ``lost.<reason>`` or ``rejected.<reason>``."""
     return f"{'lost' if is_lost(reason) else 'rejected'}.{reason}"
+
+
+def _code_of(reason: str) -> int | None:
+    """The integer N of an ``error-code-N`` reason (None for any other reason)."""
+    m = _CODE.fullmatch(reason)
+    return int(m.group(1)) if m else None
+
+
+def is_strike(outcome: str) -> bool:
+    """Whether a job that ended with ``outcome`` counts against its client (see ``NOT_A_STRIKE``)."""
+    return outcome.startswith("rejected.") or (outcome.startswith("lost.") and outcome[5:] not in NOT_A_STRIKE)
 
 
 def _zeros(dtype: type) -> Any:
@@ -74,7 +117,7 @@ class Books:
     stepsize_sum: float = 0.0
     stray: dict[str, int] = field(default_factory=dict)
     first_failure: tuple[str, str] | None = None  # (reason, detail) of the first failed job
-    strikes: np.ndarray = _zeros(np.int64)  # per worker: its replies rejected in a row
+    strikes: np.ndarray = _zeros(np.int64)  # per worker: its jobs failed in a row (``is_strike``)
 
     @classmethod
     def sized(cls, num_workers: int) -> Books:
@@ -94,9 +137,13 @@ class Books:
             a = getattr(self, name)
             if a.dtype != np.float64 or a.shape != (self.n,) or not np.isfinite(a).all():
                 raise ValueError(f"books: {name} must be {self.n} finite float64 values")
+        if len(self.outcomes) > MAX_OUTCOMES or len(self.stray) > MAX_OUTCOMES:
+            raise ValueError(f"books: {max(len(self.outcomes), len(self.stray))} outcome keys, more than the "
+                             f"{MAX_OUTCOMES} a run can make")
         for key in self.outcomes:
-            if key not in ("applied", "unused", "cancelled") and not key.startswith(("rejected.", "lost.")):
-                raise ValueError(f"books: unknown outcome {key!r}")
+            if (key not in ("applied", "unused", "cancelled") and not key.startswith(("rejected.", "lost."))) \
+                    or len(key) > 100:
+                raise ValueError(f"books: unknown outcome {key[:100]!r}")
         if self.version < 0 or (self.jobs_sent < 0).any() or (self.strikes < 0).any() or any((v < 0).any() for v in self.outcomes.values()):
             raise ValueError("books: negative counts")
 
@@ -108,19 +155,42 @@ class Books:
         self.in_flight[worker] += 1
         return seq
 
+    def reason_key(self, reason: str) -> str:
+        """``reason`` as the books keep it: an ``error-code-N`` of Flower's, or one of the first
+        ``UNKNOWN_CODES`` other integer codes, as it is; any other error code ``error-code-other``.
+        (Our own reasons are a fixed set, kept as they are.)"""
+        if not reason.startswith("error-code-"):
+            return reason
+        code = _code_of(reason)
+        if code is None:
+            return OTHER_CODE
+        key = f"error-code-{code}"
+        if code in KNOWN_CODES or f"lost.{key}" in self.outcomes:
+            return key
+        unknown = sum(1 for k in self.outcomes if k.startswith("lost.") and _code_of(k[5:]) not in (None, *KNOWN_CODES))
+        return key if unknown < UNKNOWN_CODES else OTHER_CODE
+
     def ended(self, worker: int, outcome: str, detail: str = "") -> None:
-        """One of ``worker``'s jobs ended with ``outcome`` (see the module docstring)."""
+        """One of ``worker``'s jobs ended with ``outcome`` (see the module docstring); a failure's
+        ``detail`` is kept (truncated) when it is the run's first."""
         self.in_flight[worker] -= 1
         counts = self.outcomes.get(outcome)
         if counts is None:
-            counts = self.outcomes[outcome] = np.zeros(self.n, np.int64)
+            if len(self.outcomes) >= MAX_OUTCOMES - 2:  # (a bug would have to make that many reasons)
+                pooled = f"lost.{OTHER_CODE}" if outcome.startswith("lost.") else "rejected.other"
+                log.warning("the books hold %d outcome keys: %r is counted as %r", len(self.outcomes),
+                            outcome[:100], pooled)
+                outcome = pooled
+            counts = self.outcomes.get(outcome)
+            if counts is None:
+                counts = self.outcomes[outcome] = np.zeros(self.n, np.int64)
         counts[worker] += 1
         if outcome == "applied":
             self.strikes[worker] = 0
-        elif outcome.startswith("rejected."):
+        elif is_strike(outcome):
             self.strikes[worker] += 1
         if self.first_failure is None and outcome.startswith(("rejected.", "lost.")):
-            self.first_failure = (outcome.split(".", 1)[1], detail)
+            self.first_failure = (outcome.split(".", 1)[1], detail[:DETAIL_LIMIT])
 
     def unused(self, worker: int) -> None:
         """An applied reply the strategy then threw away: its outcome becomes ``unused``."""

@@ -14,14 +14,14 @@ worker, or to ``send_next`` one to whichever worker the selection seam picks, an
 
 Here a validated reply becomes an update (``reply="model"``: the pseudo-gradient x_sent − y) and
 passes the strategy's bounds (``fl_rescaled.bounds``: a rejected outlier is a rejection like any
-other); a worker whose last ``SET_ASIDE_AFTER`` replies were all rejected is set aside
-(``Membership.set_aside``); the manager's part of the run's state is read and written (``state``,
-``resume``).
+other); a worker whose last ``SET_ASIDE_AFTER`` jobs all failed is set aside (``strike_out``); the
+manager's part of the run's state is read and written (``state``, ``resume``).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 import numpy as np
@@ -29,12 +29,12 @@ from flwr.app import ArrayRecord, Message
 
 from fl_rescaled.bounds import Chain
 from fl_rescaled.clock import VirtualClock, WallClock
-from fl_rescaled.errors import RejectedReply
+from fl_rescaled.errors import RejectedReply, failure_text
 from fl_rescaled.grid_api import AsyncGrid
 from fl_rescaled.layout import ModelLayout, all_finite, read_reply
 from fl_rescaled.stepsizes import TauTable
 
-from .books import Books, is_lost, outcome_of
+from .books import DETAIL_LIMIT, Books, is_lost, is_strike, outcome_of
 from .jobs import NODE_GONE, Completion, Job, zero_nonfinite_replicas
 from .membership import Membership
 from .observers import ManagerObserver
@@ -47,8 +47,12 @@ from .wall import WallSource
 
 log = logging.getLogger("flwr.fl_rescaled")
 
-#: A worker whose last this many replies were all rejected is set aside (``set_aside``).
+#: A worker whose last this many jobs all failed (``books.is_strike``: rejected, or lost by the
+#: client's fault) is set aside (``strike_out``).
 SET_ASIDE_AFTER = 3
+#: Wall clock: seconds a worker is first set aside for; each further failure in a row doubles it
+#: (at most 2^10 times). The virtual clock sets a worker aside for good.
+SET_ASIDE_SECONDS = 60.0
 
 
 _LOST_DETAIL = {"ttl-expired": "no reply within the job's TTL", "offline": "its client went offline before it finished"}
@@ -96,6 +100,7 @@ class AsyncClientManager:
         self.periods_online = ""  # virtual clock, C < N or availability: how p_i is estimated ("average"/"ema")
         self._next_job_id = 0
         self._encoded: tuple[int, ArrayRecord] | None = None  # (version, encoded model)
+        self.too_many_failing = ""  # why no more workers can be set aside (the run's failure checks stop it)
 
     # ------------------------------------------------------------------ workers
     num_workers = property(lambda self: self.books.n)
@@ -285,10 +290,11 @@ class AsyncClientManager:
         else:
             try:
                 self._read_reply(comp, reply)
-            except RejectedReply as rej:
-                comp.rejected, comp.detail = rej.reason, rej.detail
-                log.warning("%s the reply to job %d (%s): %s", "lost" if is_lost(rej.reason) else "rejected",
-                            job.job_id, self.membership.name(w), rej)
+            except RejectedReply as rej:  # (a client's error code and text, bounded: ``Books.reason_key``)
+                comp.rejected, comp.detail = self.books.reason_key(str(rej.reason)), str(rej.detail)[:DETAIL_LIMIT]
+                log.warning("%s the reply to job %d (%s): %s: %s", "lost" if is_lost(comp.rejected) else "rejected",
+                            job.job_id, self.membership.name(w), comp.rejected,
+                            failure_text(comp.rejected, comp.detail, 300))
         if comp.ok:
             self.books.busy_done[w] += self.source.accepted(job, comp.metrics)
             self.books.ended(w, "applied")
@@ -300,13 +306,34 @@ class AsyncClientManager:
                 self.books.busy_done[w] += self.source.work(job, t)
             if comp.rejected in NODE_GONE:
                 self.source.node_gone(job)
-            self.books.ended(w, outcome_of(comp.rejected), comp.detail)
-            if self.books.strikes[w] >= SET_ASIDE_AFTER:
-                self.membership.set_aside(w, f"its last {self.books.strikes[w]} replies were rejected")
+            outcome = outcome_of(comp.rejected)
+            self.books.ended(w, outcome, comp.detail)
+            if is_strike(outcome) and self.books.strikes[w] >= SET_ASIDE_AFTER and not self.membership.is_aside(w):
+                self.strike_out(w, comp)
         self._if_idle(w)
         for obs in self.observers:
             obs.completed(comp)
         return comp
+
+    def strike_out(self, worker: int, comp: Completion) -> None:
+        """``worker``'s last ``SET_ASIDE_AFTER`` (or more) jobs failed, ``comp`` the last: set it aside
+        (``Membership.set_aside``), unless more than half the workers would then be failing; then
+        ``too_many_failing`` says which, and the run's failure checks stop the run."""
+        strikes = int(self.books.strikes[worker])
+        failing = np.flatnonzero((self.books.strikes >= SET_ASIDE_AFTER) | self.membership.aside_mask())
+        last = f"{comp.rejected}: {failure_text(comp.rejected, comp.detail, 200)}"
+        if 2 * failing.size > self.num_workers:
+            names = ", ".join(self.membership.name(int(i)) for i in failing[:10]) + " ..." * (failing.size > 10)
+            self.too_many_failing = (f"{failing.size} of {self.num_workers} clients failed {SET_ASIDE_AFTER} times "
+                                     f"or more in a row ({names}; {self.membership.name(worker)}'s last: {last}), "
+                                     "and at most half the workers may be set aside")
+            return
+        if self.source.virtual:
+            self.membership.set_aside(worker, f"its last {strikes} jobs failed (the last: {last}); for good", math.inf)
+            return
+        seconds = SET_ASIDE_SECONDS * 2.0 ** min(strikes - SET_ASIDE_AFTER, 10)
+        self.membership.set_aside(worker, f"its last {strikes} jobs failed (the last: {last}); no jobs for "
+                                          f"{seconds:g} s unless it comes back on a new node", seconds)
 
     def _read_reply(self, comp: Completion, reply: Message) -> None:
         """Validate a reply and fill the completion's update (a direction g), metrics and carried

@@ -5,6 +5,10 @@ With the partition query (``fl_rescaled.add_partition_query`` in the ClientApp) 
 by ``partition-id`` and a node that appears says which worker it is. Without it, workers are the
 nodes in ascending node-id order, and a node that appears takes the place of a worker whose node is
 gone (lowest index first). ``Roster`` is what a checkpoint keeps of it.
+
+A worker whose client keeps failing is set aside (``set_aside``): it is offline for the strategy
+until ``aside_until`` (wall-clock seconds, ``time.monotonic``; for ever on the virtual clock), or
+until it comes back on a new node (a restarted SuperNode).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from flwr.app import Message
 
-from fl_rescaled.errors import client_error_text
+from fl_rescaled.errors import client_error_text, one_line
 from fl_rescaled.grid_api import AsyncGrid, collect_replies
 from fl_rescaled.matching import from_node
 from fl_rescaled.messages import hello_message, parse_hello
@@ -50,6 +54,7 @@ class Membership:
         self.ttl = ttl
         self.node_refresh = node_refresh
         self.roster = Roster()
+        self.aside_until = np.zeros(0)  # per worker: set aside until then (time.monotonic(); inf: for good)
         self._worker_of_node: dict[int, int] | None = {}
         self.joined: list[int] = []  # workers that (re)appeared and wait for a job
         self.has_jobs: Callable[[int], bool] = lambda worker: False  # (the books: a job in flight)
@@ -67,6 +72,7 @@ class Membership:
     def use(self, roster: Roster) -> None:
         """Take ``roster`` (a fresh one, or a checkpoint's) as the workers' nodes."""
         self.roster = roster
+        self.aside_until = np.zeros(len(roster.node_ids))  # (a resumed wall-clock run tries every node again)
         self._worker_of_node = None  # (made when a node comes or goes: the wall clock)
 
     @property
@@ -162,15 +168,19 @@ class Membership:
             self.roster.online[worker] = online
             self.on_online(worker, online)
 
-    def set_aside(self, worker: int, why: str) -> None:
+    def set_aside(self, worker: int, why: str, seconds: float) -> None:
         """Treat ``worker`` as a node that left (no new jobs, not waited for by rounds, out of the τ
-        statistics) because of ``why``; on the wall clock it is taken back when its node is next
-        listed, on the virtual clock never. Not when fewer than half the workers would stay online:
-        then the run's failure checks decide."""
-        online = self.roster.online
-        if online[worker] and 2 * (int(online.sum()) - 1) >= len(online):
-            self.set_online(worker, False)
-            log.warning("worker %d set aside: %s", worker, why)
+        statistics) because of ``why``, for ``seconds`` (inf: for good): on the wall clock it is taken
+        back when its node is listed after that, or at once on a new node; one warning line says so."""
+        self.aside_until[worker] = time.monotonic() + seconds
+        self.set_online(worker, False)
+        log.warning("%s set aside: %s", self.name(worker), one_line(why, 600))
+
+    def is_aside(self, worker: int) -> bool:
+        return bool(self.aside_until[worker] > time.monotonic())
+
+    def aside_mask(self) -> np.ndarray:
+        return self.aside_until > time.monotonic()
 
     def due(self) -> bool:
         return time.monotonic() >= self._next_refresh
@@ -185,11 +195,13 @@ class Membership:
             log.warning("could not list nodes: %s", exc)
             return
         pending_hello = set(self.transport.hello_pending.values())
+        roster.ignored = [n for n in roster.ignored if n in current]  # (nodes that come and go: no pile)
+        now = time.monotonic()
         for i, node in enumerate(roster.node_ids):
             if roster.online[i] and node not in current and not self.has_jobs(i):
                 self.set_online(i, False)
                 log.warning("%s left", self.name(i))
-            elif not roster.online[i] and node in current:
+            elif not roster.online[i] and node in current and self.aside_until[i] <= now:
                 if not roster.partition_query:  # (no query to probe it with) listed again: back
                     self.rejoin(i, node)
                 # Listed is not alive: a SIGKILLed node stays listed until its heartbeat times out
@@ -230,6 +242,9 @@ class Membership:
         """Worker ``worker`` is on node ``node`` (again): it is online and waits for a job."""
         roster = self.roster
         old = roster.node_ids[worker]
+        if old == node and self.is_aside(worker):  # (set aside: back after its time, or on a new node)
+            return
+        self.aside_until[worker] = 0.0
         self.worker_of_node.pop(old, None)
         self.worker_of_node[node] = worker
         roster.node_ids[worker] = node
@@ -240,5 +255,7 @@ class Membership:
                         f" on node {node}" if self.roster.partition_query else "")
 
     def pop_joined(self) -> list[int]:
+        """The workers that came back and wait for a job (not one set aside meanwhile: the virtual
+        clock's availability may bring one back)."""
         joined, self.joined = self.joined, []
-        return joined
+        return [w for w in joined if self.roster.online[w]]

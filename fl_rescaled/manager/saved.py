@@ -95,6 +95,7 @@ def restore(m: AsyncClientManager, state: ManagerState, concurrency: int | None,
             m.taus.update(worker, tau)
         m._set_active(worker, active)  # (a worker set aside stays aside)
     if isinstance(m.source, VirtualSource):
+        m.membership.aside_until[~state.roster.online] = np.inf  # (only set_aside takes a worker off the roster)
         if state.free_at.shape != (n,) or (m.periods_online and state.last_delivery.shape != (n,)):
             raise ValueError("the checkpoint's queue times do not match its workers")
         m.clock.advance(state.clock_now)
