@@ -50,23 +50,48 @@ EXAMPLE_DIR = ROOT / "examples" / "quickstart-async"
 
 NODES = 50
 FRACTION_TRAIN = 0.25
-IN_FLIGHT = max(2, int(NODES * FRACTION_TRAIN))  # 12: FedAvg's count of a round (min_train_nodes 2)
-HET_TAUS = [1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 8.0, 8.0, 16.0, 16.0] * 5
-POPULATIONS = {"het": HET_TAUS, "equal": [1.0] * NODES}
+
+
+
+def in_flight(nodes: int = NODES, fraction_train: float = FRACTION_TRAIN) -> int:
+    """FedAvg's count of a round's nodes (min_train_nodes 2, at most every node): the jobs in flight."""
+    return min(nodes, max(2, int(nodes * fraction_train)))
+
+
+IN_FLIGHT = in_flight()  # 12
+
+
+def population(kind: str, nodes: int = NODES) -> list[float]:
+    """The nodes' compute times: ``het`` repeats τ = 1, 1, 2, 2, 4, 4, 8, 8, 16, 16; ``equal``: all 1."""
+    return [1.0] * nodes if kind == "equal" else [2.0 ** ((i % 10) // 2) for i in range(nodes)]
+
+
+HET_TAUS = population("het")
+POPULATIONS = {"het": HET_TAUS, "equal": population("equal")}
 DEFAULT_STRATEGIES = "flower-fedavg,fedbuff,fedbuff:4,fedasync,rescaled"
 
 
 def parse_strategy(name: str) -> tuple[str, dict[str, Any]]:
-    """``fedbuff:4`` → ("fedbuff", {"buffer_size": 4}); any other name → (name, {})."""
+    """``fedbuff:4`` → ("fedbuff", {"buffer_size": 4}); ``rescaled:lr=2`` → ("rescaled", {"lr": 2.0})
+    (options as ``key=value``, separated by ``;``); any other name → (name, {})."""
     base, _, k = name.partition(":")
     if not k:
         return base, {}
+    if "=" in k:
+        options: dict[str, Any] = {}
+        for item in k.split(";"):
+            key, _, value = item.partition("=")
+            try:
+                options[key] = None if value == "none" else (int(value) if value.isdigit() else float(value))
+            except ValueError:
+                options[key] = value
+        return base, options
     if base != "fedbuff" or not k.isdigit() or int(k) < 1:
         raise ValueError(f"{name!r}: only FedBuff takes a buffer size (fedbuff:K, K a positive integer)")
     return base, {"buffer_size": int(k)}
 
 
-def budget_for(name: str, compare: str, trainings: int, virtual_time: float) -> dict[str, Any]:
+def budget_for(name: str, compare: str, trainings: int, virtual_time: float, jobs: int = IN_FLIGHT) -> dict[str, Any]:
     """The budget of ``start`` that gives ``name`` the comparison's amount of work."""
     base, options = parse_strategy(name)
     if compare == "time":
@@ -74,11 +99,11 @@ def budget_for(name: str, compare: str, trainings: int, virtual_time: float) -> 
             raise ValueError("Flower's FedAvg has no virtual clock: compare it at equal trainings, or use fedavg")
         return {"time_budget": float(virtual_time)}
     if base in ("flower-fedavg", "fedavg"):
-        per_step = IN_FLIGHT
+        per_step = jobs
     elif base == "fedbuff":
-        from fl_rescaled import FedBuff
+        from fl_rescaled.strategies.fedbuff import default_buffer
 
-        per_step = options.get("buffer_size", FedBuff().K)  # (its default buffer when none is named)
+        per_step = options.get("buffer_size") or default_buffer(jobs)  # (its default for these jobs in flight)
     else:
         per_step = 1
     if trainings % per_step:
@@ -88,7 +113,7 @@ def budget_for(name: str, compare: str, trainings: int, virtual_time: float) -> 
 
 
 def fifty_nodes(client_app, strategy: str, seed: int, taus: list[float] | None = None, examples: int = 250,
-                **budget: Any) -> tuple[float, int]:
+                nodes: int = NODES, fraction_train: float = FRACTION_TRAIN, **budget: Any) -> tuple[float, int]:
     """The example's ClientApp on 50 in-process nodes with ``fraction_train=0.25``. Returns the final
     central accuracy (2,000 test images) and the number of client trainings used: the replies applied
     (asynchronous strategies) or 12 per round (FedAvg). ``strategy`` is a name of ``parse_strategy``,
@@ -113,7 +138,7 @@ def fifty_nodes(client_app, strategy: str, seed: int, taus: list[float] | None =
         del context
         torch.manual_seed(seed)
         random.seed(seed)  # (Flower's FedAvg samples its nodes with the random module)
-        keywords = {"fraction_train": FRACTION_TRAIN, "fraction_evaluate": 0.0}
+        keywords = {"fraction_train": fraction_train, "fraction_evaluate": 0.0}
         if base == "flower-fedavg":
             made = FedAvg(**keywords)
         else:
@@ -122,12 +147,12 @@ def fifty_nodes(client_app, strategy: str, seed: int, taus: list[float] | None =
                                      train_config=ConfigRecord({"lr": 0.05}), evaluate_fn=central_evaluation(2000),
                                      **budget)
 
-    run_inprocess(server, client_app, NODES, app_dir=EXAMPLE_DIR,
+    run_inprocess(server, client_app, nodes, app_dir=EXAMPLE_DIR,
                   run_config={"examples-per-client": examples, "fraction-evaluate": 0.0},
-                  node_configs=[{"tau": t} for t in (taus or [1.0] * NODES)])
+                  node_configs=[{"tau": t} for t in (taus or [1.0] * nodes)])
     result = found["result"]
     ev = result.evaluate_metrics_serverapp
-    trainings = int(result.books["replies-accepted"]) if isinstance(result, AsyncResult) else IN_FLIGHT * max(ev)
+    trainings = int(result.books["replies-accepted"]) if isinstance(result, AsyncResult) else in_flight(nodes, fraction_train) * max(ev)
     return float(ev[max(ev)]["accuracy"]), trainings
 
 
@@ -140,6 +165,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, default=10, help="seeds 0 .. N-1 (default 10)")
     p.add_argument("--population", choices=sorted(POPULATIONS), default="het")
+    p.add_argument("--nodes", type=int, default=NODES, help=f"in-process nodes (default {NODES})")
+    p.add_argument("--fraction-train", type=float, default=FRACTION_TRAIN,
+                   help=f"FedAvg's fraction_train: the jobs in flight (default {FRACTION_TRAIN})")
     p.add_argument("--compare", choices=("trainings", "time"), default="trainings")
     p.add_argument("--trainings", type=int, default=120)
     p.add_argument("--time", type=float, default=48.0, help="virtual time units, with --compare time")
@@ -150,9 +178,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.seeds < 1 or args.trainings < 1 or not 0 < args.time < math.inf or args.examples < 2:
         p.error("--seeds, --trainings, --time and --examples must be positive")
     args.strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    if not 1 <= args.nodes <= 1000 or not 0 < args.fraction_train <= 1:
+        p.error("--nodes must be in 1..1000 and --fraction-train in (0, 1]")
     for name in args.strategies:
         try:
-            budget_for(name, args.compare, args.trainings, args.time)
+            budget_for(name, args.compare, args.trainings, args.time, in_flight(args.nodes, args.fraction_train))
         except ValueError as exc:
             p.error(str(exc))
     return args
@@ -168,17 +198,19 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     rows = []
     for name in args.strategies:
         t0 = time.perf_counter()
-        budget = budget_for(name, args.compare, args.trainings, args.time)
-        runs = [fifty_nodes(client_app, name, seed, POPULATIONS[args.population], args.examples, **budget)
+        budget = budget_for(name, args.compare, args.trainings, args.time, in_flight(args.nodes, args.fraction_train))
+        runs = [fifty_nodes(client_app, name, seed, population(args.population, args.nodes), args.examples,
+                            args.nodes, args.fraction_train, **budget)
                 for seed in range(args.seeds)]
         rows.append({"strategy": name, **summary([a for a, _ in runs]), "accuracies": [a for a, _ in runs],
                      "trainings": sorted({t for _, t in runs}), "seconds": time.perf_counter() - t0})
-    return {"population": args.population, "compare": args.compare, "examples": args.examples, "seeds": args.seeds,
+    return {"population": args.population, "nodes": args.nodes, "in_flight": in_flight(args.nodes, args.fraction_train),
+            "compare": args.compare, "examples": args.examples, "seeds": args.seeds,
             "budget": args.trainings if args.compare == "trainings" else args.time, "rows": rows}
 
 
 def table(out: dict[str, Any]) -> str:
-    head = (f"{out['population']} population, equal {out['compare']} ({out['budget']:g}), "
+    head = (f"{out['population']} population, {out['in_flight']} of {out['nodes']} nodes at a time, equal {out['compare']} ({out['budget']:g}), "
             f"{out['examples']} examples per node, seeds 0-{out['seeds'] - 1}")
     lines = [head, "", "| strategy | median | mean | min | max | trainings | s |", "|---|---|---|---|---|---|---|"]
     for r in out["rows"]:

@@ -72,7 +72,7 @@ from quickstart_async import client_app as example_client  # noqa: E402
 from quickstart_async import server_app as example_server  # noqa: E402
 from quickstart_async import task  # noqa: E402
 
-BUFFER = 10  # FedBuff's default buffer size K, which the example's ServerApp uses
+BUFFER = 10  # FedBuff's buffer size K, which the rows give the example's ServerApp (its run-config key buffer-size)
 THREADS = 1  # torch intra-op threads per job, in every row (the project's RunSpec.torch_threads)
 T = TypeVar("T")
 COUNTING = threading.Lock()
@@ -217,7 +217,7 @@ def with_cached_codec(fn: Callable[[], T]) -> T:
 # -------------------------------------------------------------------- the rows
 def app_config(args: argparse.Namespace, **overrides: Any) -> dict[str, Any]:
     return {"fraction-evaluate": args.fraction_evaluate, "examples-per-client": args.examples_per_client,
-            "local-epochs": args.local_epochs, **overrides}
+            "local-epochs": args.local_epochs, "buffer-size": BUFFER, **overrides}
 
 
 def inprocess(args: argparse.Namespace, workers: int) -> tuple[int, int]:

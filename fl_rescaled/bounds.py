@@ -11,6 +11,9 @@ and what it learns during a run lives in a separate state, a dataclass of number
 - ``adaptive_clip(quantile)``: clip to an online estimate of a quantile of the accepted norms;
 - ``outlier_guard(k)``: reject g when ‖g‖ > k × the median of the workers' latest accepted norms
   (on by default, k = ``OUTLIER_FACTOR``);
+- ``median_clip(c)``: scale g down to c × the upper median of the other workers' latest norms, each
+  weighted by how far its worker moves the model per unit of time (on by default, c =
+  ``CLIP_FACTOR``); these two judge an update against the other workers' (``fl_rescaled.peer_bounds``);
 - ``chain(b1, b2, ...)``: b1, then b2 on what b1 let through, ...; the first rejection stops it.
 
 The norm is computed in the update's own precision (one dot product; for 32 values or fewer,
@@ -22,17 +25,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
-from .errors import RejectedReply
+from .peer_bounds import (CLIP_FACTOR, GUARD_WINDOW, OUTLIER_FACTOR, GuardState, MedianClip, MedianClipState,
+                          OutlierGuard, median_clip, outlier_guard, reference, remember)
 
-#: The outlier guard's default factor k (see ``outlier_guard``).
-OUTLIER_FACTOR = 300.0
-#: How many workers' latest norms the guard keeps (the most recent distinct workers).
-GUARD_WINDOW = 32
+__all__ = ["CLIP_FACTOR", "GUARD_WINDOW", "OUTLIER_FACTOR", "AdaptiveClip", "AdaptiveClipState", "Bound", "BoundState",
+           "Chain", "Clip", "ClipState", "GuardState", "MedianClip", "MedianClipState", "OutlierGuard", "adaptive_clip",
+           "adaptive_clip_next", "chain", "clip", "lower_median", "median_clip", "of_options", "outlier_guard",
+           "reference", "remember", "update_norm"]
 
 
 def update_norm(update: np.ndarray) -> float:
@@ -56,12 +60,14 @@ def lower_median(values: Sequence[float]) -> float:
 
 
 class Bound(Protocol):
-    """A bound: ``init()`` makes its state; ``bound(state, update, norm, worker)`` returns the update
-    it lets through and that update's norm, or raises ``RejectedReply``."""
+    """A bound: ``init()`` makes its state; ``bound(state, update, norm, worker, share)`` returns the update
+    it lets through and that update's norm, or raises ``RejectedReply``. ``share``: how much the
+    strategy weighs ``worker``'s replies per unit of time (see ``peer_bounds``; most bounds ignore it)."""
 
     def init(self) -> Any: ...
 
-    def __call__(self, state: Any, update: np.ndarray, norm: float, worker: int) -> tuple[np.ndarray, float]: ...
+    def __call__(self, state: Any, update: np.ndarray, norm: float, worker: int,
+                 share: float = 1.0) -> tuple[np.ndarray, float]: ...
 
 
 def _scaled(update: np.ndarray, norm: float, target: float) -> tuple[np.ndarray, float]:
@@ -84,7 +90,8 @@ class Clip:
     def init(self) -> ClipState:
         return ClipState()
 
-    def __call__(self, state: ClipState, update: np.ndarray, norm: float, worker: int) -> tuple[np.ndarray, float]:
+    def __call__(self, state: ClipState, update: np.ndarray, norm: float, worker: int,
+                 share: float = 1.0) -> tuple[np.ndarray, float]:
         if norm <= self.max_norm:
             return update, norm
         state.clipped += 1
@@ -117,8 +124,8 @@ class AdaptiveClip:
     def init(self) -> AdaptiveClipState:
         return AdaptiveClipState(clip=math.nan if self.initial is None else self.initial)
 
-    def __call__(self, state: AdaptiveClipState, update: np.ndarray, norm: float,
-                 worker: int) -> tuple[np.ndarray, float]:
+    def __call__(self, state: AdaptiveClipState, update: np.ndarray, norm: float, worker: int,
+                 share: float = 1.0) -> tuple[np.ndarray, float]:
         c = state.clip
         if math.isnan(c):
             c = norm  # (no initial norm given: the first update's, which it then passes)
@@ -158,104 +165,9 @@ def adaptive_clip(quantile: float = 0.5, *, rate: float = 0.2, initial: float | 
     return AdaptiveClip(float(quantile), float(rate), None if initial is None else float(initial))
 
 
-# ------------------------------------------------------------------------------- the outlier guard
-@dataclass
-class GuardState:
-    """Worker → its latest accepted norm, for the most recent distinct workers (oldest first)."""
-
-    norms: dict[int, float] = field(default_factory=dict)
-    rejected: int = 0
-
-    def check(self) -> None:
-        if any(not (v > 0 and math.isfinite(v)) for v in self.norms.values()):
-            raise ValueError("the outlier guard's norms must be positive and finite")
-
-
-@dataclass(frozen=True)
-class OutlierGuard:
-    factor: float
-    window: int
-
-    def init(self) -> GuardState:
-        return GuardState()
-
-    def __call__(self, state: GuardState, update: np.ndarray, norm: float, worker: int) -> tuple[np.ndarray, float]:
-        if not norm > 0:  # (a zero update moves nothing and says nothing about the scale)
-            return update, norm
-        known = state.norms
-        own = known.get(worker)
-        others = len(known) - (own is not None)
-        if others >= 2:  # (a median of fewer than three values cannot exclude one outlier)
-            sample = list(known.values())
-            if own is not None:
-                sample.remove(own)  # (its own earlier norm does not vouch for it)
-            sample.append(norm)
-            sample.sort()
-            ref = sample[(len(sample) - 1) // 2]  # the lower median
-            if norm > self.factor * ref:
-                state.rejected += 1
-                raise RejectedReply("outlier", f"update norm {norm:.4g} is more than {self.factor:g} × {ref:.4g}, "
-                                               f"the median of the latest accepted norms of {others} other workers")
-        if own is not None:
-            del known[worker]
-        known[worker] = norm  # (the most recent; beyond the window the oldest worker is forgotten)
-        if len(known) > self.window:
-            del known[next(iter(known))]
-        return update, norm
-
-
-def outlier_guard(k: float = OUTLIER_FACTOR, *, window: int = GUARD_WINDOW) -> OutlierGuard:
-    """Reject an update whose norm is more than ``k`` times the median of the workers' latest norms.
-
-    The reference is the lower median of a sample: the latest accepted norm of each of the last
-    ``window`` distinct workers other than the candidate's, plus the candidate's own norm. Per
-    worker, not per reply, so a fast worker does not set the scale for everyone (its gradient may
-    vanish while a slow worker's, on other data, does not); the worker's own earlier norms are left
-    out, so a hostile worker whose early norms got in cannot vouch for itself. The candidate counts
-    in the sample and the median is the lower one, so a single outlier is never the median of three
-    or more values: the guard judges a reply once two other workers have delivered (a sample of
-    three: the middle value), which in a run whose first replies come from different workers is
-    from the third reply on. A rejected update is booked as ``rejected.outlier``, the model
-    untouched, the worker gets a new job (and is set aside after three rejections in a row, see
-    ``fl_rescaled.manager``). Zero updates pass and are not remembered (they carry no scale).
-
-    Limits, stated plainly:
-
-    - Until two other workers have delivered, a reply is not judged: a sample of one or two norms
-      cannot tell a hostile norm from an honest one far from the other (a worker that starts at its
-      own optimum has a gradient up to 90 times smaller than the next worker's in this suite's
-      quadratic runs). So the first two replies of a run are never judged, nor is any reply of a
-      run with fewer than three workers. If an early reply was hostile, the model it moved yields
-      large honest updates, which are then outliers of the first ones: the run stops with
-      ``RunFailed`` after ``max_consecutive_rejections`` (loud, not silent), unless the
-      displacement was small enough to be trained away. ``clip_norm``, a bound known in advance,
-      holds from the first reply.
-    - It needs an honest majority: when half the recent workers are hostile, the median is theirs.
-    - Updates below k × the median get in: a hostile worker can send updates up to k times the
-      typical one (``clip``/``adaptive_clip`` after the guard bound those).
-    - It assumes honest norms at one moment are within a factor k of one another: heterogeneous
-      data and stale replies (computed on an older model while the norms shrink) spread them. A
-      deterministic problem that converges geometrically to a point where every gradient vanishes
-      makes that spread unbounded; turn the guard off there (``outlier_factor=None``).
-
-    How k = 300 (``OUTLIER_FACTOR``) was chosen: the ratio of every honest norm to this reference
-    was logged over the test suite's runs (332 tests, every strategy, quadratic and MNIST, virtual
-    and wall clock, model and gradient replies). The largest were 55 (a population of 1000
-    quadratic clients whose optima are spread out), 30 (MNIST gradients of a slow worker, stale by a
-    few updates of ten workers) and 12 otherwise; k sits 5× above the largest. The hostile replies
-    that ruined runs before the guard are 1000× an honest norm (a gradient scaled ×1000, a constant
-    1000 against honest norms of about one) or far more (1e6, 1e30, 1e38): k sits at least 3× below.
-    """
-    if not 1 < k < math.inf:
-        raise ValueError(f"the outlier factor must be a finite number above 1, got {k!r}")
-    if isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= 100_000:
-        raise ValueError(f"the outlier guard's window must be an integer in 1..100000, got {window!r}")
-    return OutlierGuard(float(k), window)
-
-
 # ------------------------------------------------------------------------------- composition
 #: What a bound's state may be (the schema of ``ManagerState.bounds``).
-BoundState = GuardState | AdaptiveClipState | ClipState
+BoundState = GuardState | MedianClipState | AdaptiveClipState | ClipState
 
 
 @dataclass(frozen=True)
@@ -265,17 +177,37 @@ class Chain:
     def init(self) -> list[Any]:
         return [b.init() for b in self.bounds]
 
-    def __call__(self, states: list[Any], update: np.ndarray, norm: float, worker: int) -> tuple[np.ndarray, float]:
+    def __call__(self, states: list[Any], update: np.ndarray, norm: float, worker: int,
+                 share: float = 1.0) -> tuple[np.ndarray, float]:
         for b, s in zip(self.bounds, states):
-            update, norm = b(s, update, norm, worker)
+            update, norm = b(s, update, norm, worker, share)
         return update, norm
 
-    def apply(self, states: list[Any], update: np.ndarray, worker: int) -> np.ndarray:
+    def apply(self, states: list[Any], update: np.ndarray, worker: int, share: float = 1.0) -> np.ndarray:
         """The update the chain lets through (its norm computed once); raises ``RejectedReply``."""
-        norm = update_norm(update)
+        return self(states, update, update_norm(update), worker, share)[0]
+
+    def suspicion(self, states: list[Any], worker: int) -> tuple[int, float]:
+        """``worker``'s updates judged by the median clip and the geometric mean of their ratios to
+        the reference (``MedianClip.suspicion``; (0, 1) without a median clip)."""
         for b, s in zip(self.bounds, states):
-            update, norm = b(s, update, norm, worker)
-        return update
+            if isinstance(b, MedianClip):
+                return b.suspicion(s, worker)
+        return 0, 1.0
+
+    def largest(self, states: list[Any], k: int) -> list[tuple[int, float]]:
+        """The ``k`` workers whose updates stood furthest above the others': by the median clip's
+        moving ratios (``MedianClip.largest``), else by the outlier guard's latest norms over their
+        median; none without either."""
+        for b, s in zip(self.bounds, states):
+            if isinstance(b, MedianClip):
+                return b.largest(s, k)
+        for b, s in zip(self.bounds, states):
+            if isinstance(b, OutlierGuard) and s.norms:
+                median = lower_median(list(s.norms.values()))
+                ranked = sorted(s.norms.items(), key=lambda kv: -kv[1])[:k]
+                return [(int(w), v / median) for w, v in ranked]
+        return []
 
     def check(self, states: list[Any]) -> None:
         """Raise ValueError when ``states`` (read from a checkpoint) are not this chain's."""
@@ -294,11 +226,13 @@ def chain(*bounds: Any) -> Chain:
 
 
 def of_options(*, clip_norm: float | None = None, adaptive_quantile: float | None = None,
-               outlier_factor: float | None = OUTLIER_FACTOR) -> Chain:
-    """The chain a strategy's options describe: the guard, then the adaptive clip, then the fixed clip."""
+               outlier_factor: float | None = OUTLIER_FACTOR, clip_factor: float | None = CLIP_FACTOR) -> Chain:
+    """The chain a strategy's options describe: the guard, the median clip, the adaptive clip, the fixed clip."""
     parts: list[Any] = []
     if outlier_factor is not None:
         parts.append(outlier_guard(outlier_factor))
+    if clip_factor is not None:
+        parts.append(median_clip(clip_factor))
     if adaptive_quantile is not None:
         parts.append(adaptive_clip(adaptive_quantile))
     if clip_norm is not None:

@@ -28,10 +28,12 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 
 from .checkpoints import CheckpointError
 from .clock import Clock, default_clock, time_unit
-from .errors import RunFailed, failure_text
+from .divergence import Divergence
+from .errors import RunFailed
+from .failures import FailureCheck, diverged, freeze
 from .grid_api import as_async_grid
 from .layout import ModelLayout
-from .manager import NODE_GONE, AsyncClientManager, Completion, Job, ManagerObserver, ManagerSettings
+from .manager import AsyncClientManager, Completion, Job, ManagerObserver, ManagerSettings
 from .metrics import ProgressBar
 from .reporting import (AsyncResult, EvaluateFn, Evaluations, FederatedEvaluation, MetricWindow, all_rejected,
                         no_update, rejected_lines, report_result)
@@ -135,53 +137,6 @@ class RunAPI:
         return dict(cfg.items())
 
 
-class FailureCheck:
-    """Stops a run that cannot make progress: every worker answered and no reply could be used,
-    ``limit`` replies in a row were rejected (jobs lost because their node left do not count), or
-    more than half the clients failed too often in a row to be set aside (the manager's
-    ``too_many_failing``)."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-
-    def __call__(self, state: Any, manager: AsyncClientManager, comp: Completion) -> None:
-        if comp.ok:
-            state.consecutive = 0
-            state.answered[comp.worker] = True
-        elif comp.rejected not in NODE_GONE:
-            state.consecutive += 1
-            state.answered[comp.worker] = True
-        books = manager.books
-        if not comp.ok and state.answered.all() and books.accepted == 0:
-            failed = sum(books.failures().values())
-            raise RunFailed(self.failure(books, f"no reply could be used: every worker answered and all {failed} "
-                                                "replies were rejected"), manager.books_totals())
-        if state.consecutive >= self.limit:
-            raise RunFailed(self.failure(books, f"{state.consecutive} replies in a row were rejected"),
-                            manager.books_totals())
-        if manager.too_many_failing:  # (more than half the clients failed m times in a row each)
-            raise RunFailed(self.failure(books, manager.too_many_failing), manager.books_totals())
-
-    @staticmethod
-    def failure(books: Any, what: str) -> str:
-        first = books.first_failure
-        if first is None:
-            return f"the run cannot make progress: {what}"
-        reason, detail = first
-        text = failure_text(reason, detail)
-        return f"the run cannot make progress: {what}. The first rejection ({reason}): {text}"
-
-
-def freeze(state: Any, replicas: Sequence[int], t: float) -> None:
-    """Batched runs: a replica whose gradient went non-finite has diverged; its model stops moving
-    (α_r = 0) while the other replicas go on with the same events."""
-    for r in replicas:
-        if int(r) not in state.frozen:
-            state.frozen[int(r)] = float(t)
-            state.replica_lrs[int(r)] = 0.0
-            log.warning("replica %d: non-finite gradient at t=%g; replica frozen (diverged)", r, t)
-
-
 class Driver(RunAPI):
     """One run: see the module docstring. ``run()`` returns the ``AsyncResult``."""
 
@@ -192,7 +147,7 @@ class Driver(RunAPI):
                  num_workers: int | None = None, partition_query: bool | None = None, progress: bool = False,
                  observers: list[ManagerObserver] | None = None, checkpoint: Checkpointing | None = None,
                  settings: ManagerSettings | None = None, replicas: Sequence[float] | None = None,
-                 seed: int = 0) -> None:
+                 seed: int = 0, divergence: Divergence | None = Divergence()) -> None:
         self.strategy = strategy
         self.seed = int(seed)
         self.budget, self.max_updates = budgets(time_budget, num_updates, eval_every, num_evaluations)
@@ -232,14 +187,17 @@ class Driver(RunAPI):
             self.grid, clock, layout=self.layout, reply=strategy.reply, arrayrecord_key=strategy.arrayrecord_key,
             configrecord_key=strategy.configrecord_key, train_config=cfg, ttl=timeout, observers=observers,
             replicas=1 if lrs is None else lrs.size, settings=settings, bound=strategy.update_bound())
+        self.manager.influence = lambda worker: strategy.influence(self, worker)
         fed = FederatedEvaluation(self.grid, evaluate_config, timeout, fraction=strategy.fraction_evaluate,
                                   min_nodes=strategy.min_evaluate_nodes, weighted_by_key=strategy.weighted_by_key,
                                   arrayrecord_key=strategy.arrayrecord_key, configrecord_key=strategy.configrecord_key,
                                   aggregate=strategy.evaluate_metrics_aggr_fn)
         bar = ProgressBar(self.budget if self.by_time else float(self.max_updates), enabled=progress,
                           label=strategy.name)
+        self.divergence = divergence if lrs is None else None  # (a batch's losses are the replicas')
         self.evaluations = Evaluations(self.grid, evaluate_fn, fed, bar, train_aggregate=strategy.train_metrics_aggr_fn,
-                                       on_evaluation=strategy.on_evaluation, unit=time_unit(clock))
+                                       on_evaluation=strategy.on_evaluation, unit=time_unit(clock),
+                                       on_point=None if self.divergence is None else self._watch)
         self.check = FailureCheck(1)
         self.next_checkpoint = math.inf
         self.wall_seconds = 0.0
@@ -276,20 +234,43 @@ class Driver(RunAPI):
             log.warning("%s", line)
         if manager.version == 0:  # (the initial model back is no result: say why)
             raise RunFailed(self.check.failure(manager.books, no_update(manager.books)), manager.books_totals())
-        result = AsyncResult()
-        result.arrays = self.layout.to_record(state.x, state.carried)
-        for target, metrics in ((result.train_metrics_clientapp, state.train_metrics),
-                                (result.evaluate_metrics_clientapp, state.client_metrics),
-                                (result.evaluate_metrics_serverapp, state.server_metrics),
-                                (result.progress, state.progress)):
-            target.update({step: MetricRecord(values) for step, values in metrics.items()})
-        result.books = MetricRecord(manager.books_totals())
+        result = self._result(state.x, state.carried)
         try:
             manager.books.check_balance()  # every job sent is accounted for, per worker
         except AssertionError as exc:
             raise RunFailed(str(exc), manager.books_totals()) from None
         report_result(result)
         return result
+
+    def _result(self, x: np.ndarray, carried: dict[str, np.ndarray]) -> AsyncResult:
+        """Flower's ``Result`` with the model ``x`` (and ``carried``) and the metrics and books so far."""
+        state, result = self.state, AsyncResult()
+        result.arrays = self.layout.to_record(x, carried)
+        for target, metrics in ((result.train_metrics_clientapp, state.train_metrics),
+                                (result.evaluate_metrics_clientapp, state.client_metrics),
+                                (result.evaluate_metrics_serverapp, state.server_metrics),
+                                (result.progress, state.progress)):
+            target.update({step: MetricRecord(values) for step, values in metrics.items()})
+        result.books = MetricRecord(self.manager.books_totals())
+        return result
+
+    def _watch(self, step: int, server: Any, federated: Any, arrays: ArrayRecord | None) -> None:
+        """An evaluation point is finished: raise ``RunFailed`` (with the best model so far) if the
+        model diverged (``fl_rescaled.divergence``)."""
+        assert self.divergence is not None
+        watched = self.state.divergence
+
+        def model() -> tuple[np.ndarray, dict[str, np.ndarray]]:
+            flat, carried = self.layout.flatten(arrays, check_finite=False)
+            return np.array(flat), {k: np.array(v) for k, v in carried.items()}
+
+        why = None if arrays is None else self.divergence.point(watched, step, server, federated, model)
+        if why is None:
+            return
+        best = watched.best_step >= 0
+        result = self._result(watched.best_x, watched.best_carried) if best else None
+        raise RunFailed(diverged(why, self.manager, watched.best_step, watched.best_loss),
+                        self.manager.books_totals(), result)
 
     def _loop(self) -> None:
         manager, schedule, budget = self.manager, self.state.schedule, self.budget

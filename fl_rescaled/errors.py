@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
@@ -19,12 +20,15 @@ class RejectedReply(Exception):
 class RunFailed(RuntimeError):
     """The run cannot make progress (every reply so far was rejected, or too many in a row).
 
-    ``books`` holds the run's books at that moment (the same keys as ``AsyncResult.books``).
+    ``books`` holds the run's books at that moment (the same keys as ``AsyncResult.books``);
+    ``result``, for a run whose model diverged, the ``AsyncResult`` of the best evaluation point so
+    far (its model and the metrics up to the failure), else None.
     """
 
-    def __init__(self, message: str, books: dict | None = None) -> None:
+    def __init__(self, message: str, books: dict | None = None, result: Any = None) -> None:
         super().__init__(message)
         self.books = dict(books or {})
+        self.result = result
 
 
 def one_line(text: str, limit: int = 2000) -> str:

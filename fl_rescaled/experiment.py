@@ -22,6 +22,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, MetricRecord
 from flwr.serverapp import Grid
 
+from .divergence import Divergence
 from .checkpoints import save_checkpoint
 from .clients.client_app import app as client_app
 from .availability import availability
@@ -90,7 +91,8 @@ def local_training(spec: RunSpec, strategy: AsyncStrategy) -> dict[str, Any]:
     if strategy.reply != "model":
         return {}
     H = spec.local_steps
-    lr = spec.local_lr if spec.local_lr is not None else strategy.local_lr(vanilla_stepsize(spec.taus, strategy.lr), H)
+    lr = spec.local_lr if spec.local_lr is not None else strategy.local_lr(vanilla_stepsize(spec.taus, strategy.lr), H,
+                                                                                     spec.num_clients)
     return {"mode": "local", "local-steps": H, "local-lr": float(lr), "prox": spec.prox}
 
 
@@ -107,8 +109,9 @@ def make_evaluate_fn(task):
 
 
 def run(spec: RunSpec, grid: Grid | None = None, *, clock: Clock | None = None,
-        observers: list[ManagerObserver] | None = None) -> dict[str, Any]:
-    """Run one experiment; return its results as a flat, JSON-ready dict."""
+        observers: list[ManagerObserver] | None = None, divergence: Divergence | None = Divergence()) -> dict[str, Any]:
+    """Run one experiment; return its results as a flat, JSON-ready dict. ``divergence``: when the
+    run fails as diverged (``AsyncStrategy.start``); None for a sweep that records it instead."""
     spec = resolve(spec)
     spec.prepare_out()
     cfg = spec.task_config()
@@ -118,7 +121,7 @@ def run(spec: RunSpec, grid: Grid | None = None, *, clock: Clock | None = None,
     strategy = make_strategy(spec)
     timeline = Timeline.sampled(spec.num_clients, seed=spec.seed)
     wall = _start(spec, cfg, task, strategy, task.initial_params(spec.seed, spec.quad_x0), grid, clock,
-                  [*(observers or []), timeline])
+                  [*(observers or []), timeline], divergence=divergence)
     _in_gradient_units(spec, strategy)
     driver = strategy.last_run
     params = driver.state.x.copy()
@@ -195,7 +198,8 @@ def run_batch(spec: RunSpec, lrs: list[float], seeds: list[int]) -> list[dict[st
 
 def _start(spec: RunSpec, cfg: dict[str, Any], task, strategy: AsyncStrategy, x0: np.ndarray,
            grid: Grid | None = None, clock: Clock | None = None,
-           observers: list[ManagerObserver] | None = None, replicas: list[float] | None = None) -> float:
+           observers: list[ManagerObserver] | None = None, replicas: list[float] | None = None,
+           divergence: Divergence | None = Divergence()) -> float:
     """Build the grid and clock the spec asks for (unless given), run the strategy's loop on them;
     return the wall seconds the loop took."""
     if spec.task == "mnist":
@@ -234,6 +238,7 @@ def _start(spec: RunSpec, cfg: dict[str, Any], task, strategy: AsyncStrategy, x0
             progress=spec.progress,
             observers=observers,
             checkpoint=_checkpointing(spec),
+            divergence=divergence,
         )
     return time.perf_counter() - wall0
 

@@ -245,9 +245,12 @@ class Evaluations:
 
     def __init__(self, grid: AsyncGrid, evaluate_fn: EvaluateFn | None, fed_eval: FederatedEvaluation, bar: Any,
                  *, train_aggregate: AggregateFn | None = None, on_evaluation: OnEvaluation | None = None,
-                 unit: str = "") -> None:
+                 unit: str = "", on_point: Callable[[int, Any, Any, Any], None] | None = None) -> None:
         self.grid, self.evaluate_fn, self.fed_eval, self.bar = grid, evaluate_fn, fed_eval, bar
         self.train_aggregate, self.on_evaluation, self.unit = train_aggregate, on_evaluation, unit
+        #: ``on_point(step, server, federated, arrays)`` once a point is finished, before
+        #: ``on_evaluation``: the driver's divergence check (it may raise ``RunFailed``)
+        self.on_point = on_point
         self.pending: deque[tuple] = deque()  # the points whose central evaluation may still run
 
     def point(self, state: Any, t: float, books_row: dict[str, Any], arrays: Callable[[], ArrayRecord],
@@ -258,7 +261,8 @@ class Evaluations:
         row: dict[str, Any] = {"time": float(t), **books_row, "stored_vectors": stored_vectors}
         progress = {"time": float(t), "updates": books_row["updates"], "replies": state.window.replies,
                     "cumulative-stepsize": books_row["cumulative_stepsize"]}
-        record = arrays() if self.evaluate_fn is not None or self.on_evaluation is not None else None
+        evaluated = self.evaluate_fn is not None or self.fed_eval.fraction > 0
+        record = arrays() if evaluated or self.on_evaluation is not None else None
         server: Any = None
         if self.evaluate_fn is not None:
             server = self.grid.submit(self.evaluate_fn, step, record)
@@ -270,7 +274,7 @@ class Evaluations:
             state.train_metrics[step] = train
         fed = None
         if self.fed_eval.fraction > 0:
-            fed = self.fed_eval.run(step, record or arrays(), online_nodes())
+            fed = self.fed_eval.run(step, record, online_nodes())
         if fed is not None:
             row["evaluate_metrics"] = fed
             state.client_metrics[step] = fed
@@ -296,6 +300,8 @@ class Evaluations:
             log.info("[t=%g%s | %d updates] train: %s%s%s", progress["time"], self.unit, progress["updates"],
                      fmt_metrics(train), f" | server eval: {fmt_metrics(dict(server))}" if server is not None else "",
                      f" | federated eval: {fmt_metrics(fed)}" if fed is not None else "")
+            if self.on_point is not None:
+                self.on_point(step, server, fed, record)
             if self.on_evaluation is not None:
                 metrics = {name: MetricRecord(m) for name, m in (("train", train), ("server", server),
                                                                  ("federated", fed), ("progress", progress)) if m}

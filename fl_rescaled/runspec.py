@@ -277,9 +277,9 @@ def reachable(s: RunSpec, strategy: Any) -> None:
     if most.sum() == 0:
         raise ValueError(f"--budget {s.budget:g} is shorter than the fastest client's compute time "
                          f"(τ = {taus.min():g}): no reply can arrive")
-    if strategy.name == "fedbuff" and strategy.K > most.sum():
-        raise ValueError(f"--fedbuff-buffer-size {strategy.K} needs that many replies for one update; the budget "
-                         f"allows at most {int(most.sum()):,}")
+    if strategy.name == "fedbuff" and strategy.buffer_for(taus.size) > most.sum():
+        raise ValueError(f"--fedbuff-buffer-size {strategy.buffer_for(taus.size)} needs that many replies for one "
+                         f"update; the budget allows at most {int(most.sum()):,}")
     if strategy.name == "malenia" and s.availability == "always":
         n = taus.size
         if (most == 0).any():

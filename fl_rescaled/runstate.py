@@ -22,11 +22,12 @@ import numpy as np
 
 from .checkpoints import CheckpointError, read_state, write_state
 from .codec import StateError, decode, encode
+from .divergence import DivergenceState
 from .manager import ManagerState
 from .reporting import MetricWindow
 
 #: Bumped whenever the layout of a run's state changes: older checkpoints are refused by name.
-STATE_VERSION = 4
+STATE_VERSION = 5
 
 
 def budgets(time_budget: float | None, num_updates: int | None, eval_every: float | None,
@@ -89,6 +90,7 @@ class RunState:
     consecutive: int = 0  # replies rejected in a row
     replica_lrs: np.ndarray | None = None  # batched runs: each replica's α (0: frozen)
     frozen: dict[int, float] = field(default_factory=dict)  # replica -> time its gradient went non-finite
+    divergence: DivergenceState = field(default_factory=DivergenceState)  # the watched loss, the best model
     manager: ManagerState | None = None  # (filled when the state is written or read)
     algorithm: Any = field(default=None, metadata={"transient": True})
 

@@ -260,6 +260,18 @@ class TauTable:
             live = self._live[np.isfinite(self._live)] if self._live is not None else np.zeros(0)
             self._median = float(np.median(live)) if live.size else math.nan
 
+    def period(self, worker: int) -> float:
+        """τ_i, or the median τ while worker ``worker`` has no estimate (1 while no worker has one)."""
+        tau = self.taus[worker]
+        if 0 < tau < math.inf:
+            return tau
+        return self._median if 0 < self._median < math.inf else 1.0
+
+    def expected_delay(self, worker: int) -> float:
+        """About how many other workers' deliveries arrive during one of ``worker``'s: τ_i · Σ_j 1/τ_j − 1
+        over the workers with an estimate (0 without any)."""
+        return max(0.0, self.period(worker) * self._inv_sum - 1.0)
+
     def reference(self, max_ratio: float | None) -> float:
         """τ_max, or at most ``max_ratio`` × the median τ (None: no bound)."""
         if max_ratio is None or not self._median == self._median:  # (no bound, or no median yet)

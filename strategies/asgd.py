@@ -60,6 +60,13 @@ class ASGD(AsyncStrategy):
         del run
         return self.lr
 
+    def influence(self, run: Run, worker: int) -> float:
+        """The rule's step at the worker's typical delay, per delivery period: γ_i(δ_i) / p_i (constant
+        for Rescaled ASGD's rule, 1 / p_i for Vanilla's, smaller for the slow and stale under
+        Delay-Adaptive's)."""
+        taus = run.taus
+        return self.rule(1.0, worker, self.table(run), taus.expected_delay(worker)) / taus.period(worker)
+
     def on_completion(self, run: Run, comp: Completion) -> None:
         run.apply(comp.worker, comp.update, self.rule(self.state.alpha, comp.worker, self.table(run), comp.delay))
         run.send_next(comp.worker)

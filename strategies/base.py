@@ -4,8 +4,9 @@ A strategy is the **algorithm** of a run: it declares its options (keyword-only 
 arguments, documented once in numpydoc), its state (a dataclass, ``State``: buffers, tables, rounds;
 created when the strategy is built and again when a run starts), and what it does with one
 completion at a time (``on_start``, ``on_completion``, ``on_rejected``, ``on_joined``), through the
-``Run`` the driver hands it (``fl_rescaled.driver``). ``start`` is the **Flower façade**: it replaces
-Flower's round loop with a ``Driver`` and returns Flower's ``Result`` (an ``AsyncResult``).
+``Run`` the driver hands it (``fl_rescaled.driver``). The **Flower façade** it inherits
+(``FlowerFacade``, ``strategies/facade.py``) has ``start``: it replaces Flower's round loop with a
+``Driver`` and returns Flower's ``Result`` (an ``AsyncResult``).
 """
 
 from __future__ import annotations
@@ -17,19 +18,15 @@ from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
-from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
 
-from fl_rescaled.bounds import OUTLIER_FACTOR, Chain, of_options
-from fl_rescaled.clock import Clock
 from fl_rescaled.algorithm import Run
+from fl_rescaled.bounds import CLIP_FACTOR, OUTLIER_FACTOR, Chain, of_options
 from fl_rescaled.driver import Driver
-from fl_rescaled.manager import Completion, ManagerObserver, ManagerSettings
-from fl_rescaled.reporting import AsyncResult, EvaluateFn, log_end, log_start
-from fl_rescaled.runstate import Checkpointing
+from fl_rescaled.manager import Completion
 from fl_rescaled.stepsizes import vanilla
 
-from .checks import check_common, no_round_hooks, no_rounds
+from .checks import check_common
+from .facade import FlowerFacade
 
 log = logging.getLogger("flwr.fl_rescaled")
 
@@ -39,7 +36,7 @@ class NoState:
     """The state of a strategy that keeps none besides the model (the ASGD family, FedAsync)."""
 
 
-class AsyncStrategy(Strategy):
+class AsyncStrategy(FlowerFacade):
     """Base class of the asynchronous strategies: no rounds, one event at a time.
 
     Parameters
@@ -100,6 +97,13 @@ class AsyncStrategy(Strategy):
         median of the workers' latest accepted norms (``fl_rescaled.bounds.outlier_guard``, which
         says how the start of a run is judged and what the guard cannot catch); it is booked as
         ``rejected.outlier``, the model untouched. ``none`` turns the guard off.
+    clip_factor : float, optional (default: 2)
+        Scale an update down so that its client moves the model, per unit of time, at most this
+        many times as far as the median of the other workers' latest updates do
+        (``fl_rescaled.peer_bounds.median_clip``: the norm, weighted by the client's delivery rate
+        where the method counts every reply alike). A client whose last updates were all clipped is
+        named and set aside (``fl_rescaled.manager``). 2 keeps one hostile client of four, or a
+        quarter of the clients, from outweighing the honest ones; ``none`` turns it off.
     adaptive_clip : float, optional (default: none)
         Clip every accepted update to an online estimate of this quantile (in (0, 1)) of the
         accepted norms (``fl_rescaled.bounds.adaptive_clip``, after Andrew et al., 2021).
@@ -140,6 +144,7 @@ class AsyncStrategy(Strategy):
         train_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
         evaluate_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
         outlier_factor: float | None = OUTLIER_FACTOR,
+        clip_factor: float | None = CLIP_FACTOR,
         adaptive_clip: float | None = None,
         clip_norm: float | None = None,
     ) -> None:
@@ -160,6 +165,7 @@ class AsyncStrategy(Strategy):
         self.min_available_nodes, self.min_evaluate_nodes = int(min_available_nodes), int(min_evaluate_nodes)
         self.train_metrics_aggr_fn, self.evaluate_metrics_aggr_fn = train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         self.outlier_factor, self.adaptive_clip, self.clip_norm = outlier_factor, adaptive_clip, clip_norm
+        self.clip_factor = clip_factor
         self.update_bound()  # (validates them)
         #: The algorithm's state (``State``); a run starts with a fresh one (``init_state``).
         self.state: Any = self.State()
@@ -233,6 +239,14 @@ class AsyncStrategy(Strategy):
         save the best model or append to a results file (FedAvg users do it in ``evaluate_fn``;
         both work). Default: nothing."""
 
+    def influence(self, run: Run, worker: int) -> float:
+        """How far a reply of ``worker`` moves the model per unit of time, relative to the other
+        workers' (up to a factor common to all): the weight the median clip gives a norm
+        (``fl_rescaled.peer_bounds``). Default: its delivery rate 1 / p_i, every reply counting alike.
+        A method whose steps give every worker its share whatever its speed (the round-based ones)
+        returns 1."""
+        return 1.0 / run.taus.period(worker)
+
     def target_weights(self) -> Sequence[float] | None:
         """Per-partition target weights, if the method has them (then the run needs the partition query)."""
         return None
@@ -249,150 +263,23 @@ class AsyncStrategy(Strategy):
     def update_bound(self) -> Chain:
         """The bounds every update passes before ``on_completion`` (``fl_rescaled.bounds``)."""
         return of_options(clip_norm=self.clip_norm, adaptive_quantile=self.adaptive_clip,
-                          outlier_factor=self.outlier_factor)
+                          outlier_factor=self.outlier_factor, clip_factor=self.clip_factor)
 
     def describe(self) -> dict[str, Any]:
         lr = "the run's default" if self.lr_per_run else self.lr
         out = {"strategy": self.name, **({"lr": lr} if self.uses_lr else {}), "reply": self.reply,
-               "outlier_factor": self.outlier_factor, "adaptive_clip": self.adaptive_clip, "clip_norm": self.clip_norm}
+               "outlier_factor": self.outlier_factor, "clip_factor": self.clip_factor,
+               "adaptive_clip": self.adaptive_clip, "clip_norm": self.clip_norm}
         if self.concurrency is not None or self.fraction_train != 1.0:
             out.update(concurrency=self.concurrency, fraction_train=self.fraction_train)
         return {**out, "selection": self.selection} if self.selection != "uniform" else out
 
-    def local_lr(self, gamma_v: float, steps: int) -> float:
+    def local_lr(self, gamma_v: float, steps: int, n: int = 1) -> float:
         """The local learning rate of ``steps`` local SGD steps per job (model replies) under the α
         convention, given Vanilla ASGD's step γ_V: here 1 / H, so that the pseudo-gradient is the
         mean of the H local gradients and the server's own stepsize stays the method's."""
-        del gamma_v
+        del gamma_v, n
         return 1.0 / steps
-
-    # ---------------------------------------------------------------- Flower's round API
-    # No rounds: a run happens inside ``start``; a subclass that overrides these four is refused.
-    configure_train = aggregate_train = configure_evaluate = aggregate_evaluate = no_rounds
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        no_round_hooks(cls)
-
-    def summary(self) -> None:
-        log.info("\t├──> %s", ", ".join(f"{k}={v}" for k, v in self.describe().items()))
-        log.info("\t└──> Keys in records: weighted by '%s', ArrayRecord '%s', ConfigRecord '%s'",
-                 self.weighted_by_key, self.arrayrecord_key, self.configrecord_key)
-
-    # ---------------------------------------------------------------- the loop
-    def start(  # pylint: disable=too-many-arguments,too-many-locals
-        self,
-        grid: Grid,
-        initial_arrays: ArrayRecord,
-        num_updates: int | None = None,
-        timeout: float = 3600.0,
-        train_config: ConfigRecord | dict | None = None,
-        evaluate_config: ConfigRecord | dict | None = None,
-        evaluate_fn: EvaluateFn | None = None,
-        *,
-        time_budget: float | None = None,
-        clock: Clock | None = None,
-        taus: list[float] | None = None,
-        eval_every: float | None = None,
-        num_evaluations: int = 10,
-        num_workers: int | None = None,
-        partition_query: bool | None = None,
-        progress: bool = False,
-        observers: list[ManagerObserver] | None = None,
-        checkpoint: Checkpointing | None = None,
-        settings: ManagerSettings | None = None,
-        replicas: Sequence[float] | None = None,
-        seed: int = 0,
-        num_rounds: None = None,
-    ) -> AsyncResult:
-        """Run the asynchronous loop until a budget is spent; return Flower's ``Result``.
-
-        Parameters
-        ----------
-        grid : Grid
-            The Grid of the ServerApp (Flower's, or ``fl_rescaled.InProcessGrid``).
-        initial_arrays : ArrayRecord
-            The initial model, in the layout every job carries and every reply must have
-            (``ArrayRecord(model.state_dict())``, say).
-        num_updates : int, optional
-            Stop after this many server updates (FedAvg's ``num_rounds`` becomes this or
-            ``time_budget``, at least one of the two required; ``num_rounds`` is a ``TypeError``).
-        timeout : float (default: 3600)
-            Seconds a job (and an evaluation) may take before it counts as lost: every message's TTL.
-        train_config, evaluate_config : ConfigRecord, optional
-            Sent with every training job (with the job's tags added, see ``fl_rescaled.messages``)
-            and with every federated evaluation.
-        evaluate_fn : callable, optional
-            Central evaluation ``evaluate_fn(step, arrays) -> MetricRecord | None``, called at the
-            start (step 0), at every evaluation point and at the end.
-        time_budget : float, optional
-            Stop when the clock reaches this time: virtual time units, or on the wall clock
-            seconds / ``time_unit`` counted from the first reply (when a node is ready: Ray's or a
-            SuperLink's start-up is not counted).
-        clock : VirtualClock or WallClock, optional
-            Default: on ``InProcessGrid`` a virtual clock with each node's ``tau`` from its node
-            config (1 if unset); on Flower's runtimes the wall clock, with τ_i estimated online.
-        taus : list of float, optional
-            Per-partition compute times for the default virtual clock (needs the partition query).
-        eval_every : float, optional
-            Evaluation period in time units. Default: ``num_evaluations`` points over the budget
-            (over ``time_budget`` when given, else every ``num_updates / num_evaluations`` updates).
-        num_evaluations : int (default: 10)
-            Evaluation points after the start when ``eval_every`` is not given.
-        num_workers : int, optional
-            Use the first ``num_workers`` workers only (default: every node).
-        partition_query : bool, optional
-            Number the workers by ``partition-id`` (``fl_rescaled.add_partition_query`` in the
-            ClientApp). Default: only when a per-partition setting (``taus``, a strategy's
-            ``weights``, a per-worker job config) needs it; else the workers are the nodes in
-            node-id order.
-        progress : bool (default: False)
-            A progress bar on stderr.
-        observers : list of ManagerObserver, optional
-            Told of every job sent, reply awaited, completion and update (benchmarks, metrics).
-        checkpoint : Checkpointing, optional
-            Write the run's whole state to ``checkpoint.path`` every ``checkpoint.every`` time units
-            (atomically, books checked); with ``resume=True`` go on from the state there instead of
-            starting. A corrupted, foreign or hostile checkpoint raises ``CheckpointError``.
-        settings : ManagerSettings, optional
-            The client manager's settings (``fl_rescaled.manager.ManagerSettings``: how τ is
-            estimated on the wall clock, how often Flower's Grid is polled, ...).
-        replicas : sequence of float, optional
-            Run R replicas that differ only in α in one event loop (``experiment.run_batch``): the
-            model is their flat vectors end to end and each event applies replica r's step
-            α_r · γ, with γ the step of α = 1 (every stepsize rule is linear in α; build the
-            strategy with ``lr=1``).
-        seed : int (default: 0)
-            Seeds the run's own random choices (Concurrent ASGD's worker draws, unless its ``seed``
-            option is set).
-
-        Returns
-        -------
-        AsyncResult
-            Flower's ``Result`` (final arrays in the initial layout, metrics keyed by evaluation
-            number) plus the run's ``books``.
-
-        Raises
-        ------
-        RunFailed
-            When the run cannot make progress; the message names the first rejection's reason
-            (for a ClientApp that raised: its own exception text).
-        """
-        if num_rounds is not None:
-            raise TypeError(f"{type(self).__name__}.start() takes num_updates and/or time_budget, not FedAvg's num_rounds")
-        driver = Driver(self, grid, initial_arrays, num_updates=num_updates, time_budget=time_budget,
-                        timeout=timeout, train_config=train_config, evaluate_config=evaluate_config,
-                        evaluate_fn=evaluate_fn, clock=clock, taus=taus, eval_every=eval_every,
-                        num_evaluations=num_evaluations, num_workers=num_workers, partition_query=partition_query,
-                        progress=progress, observers=observers, checkpoint=checkpoint, settings=settings,
-                        replicas=replicas, seed=seed)
-        self.last_run = driver
-        log_start(type(self).__name__, driver.layout, driver.budget if time_budget is not None else None,
-                  driver.max_updates)
-        self.summary()
-        result = driver.run()
-        log_end(result, driver.wall_seconds)
-        return result
 
 
 _VANILLA = vanilla()

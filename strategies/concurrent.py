@@ -41,6 +41,11 @@ class ConcurrentASGD(AsyncStrategy):
     restarts_at_once = False
     State = ConcurrentState
 
+    def influence(self, run: Run, worker: int) -> float:
+        """1: a freed job goes to a worker drawn uniformly, so every worker delivers about as often."""
+        del run, worker
+        return 1.0
+
     def __init__(self, *, seed: int | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if seed is not None and (isinstance(seed, bool) or int(seed) != seed or seed < 0):

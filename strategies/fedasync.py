@@ -52,12 +52,18 @@ class FedAsync(AsyncStrategy):
         self.mixing = float(mixing)
         self.staleness, self.a, self.b = staleness, float(a), int(b)
 
-    def local_lr(self, gamma_v: float, steps: int) -> float:
+    def local_lr(self, gamma_v: float, steps: int, n: int = 1) -> float:
         """η = γ_V / (mixing · H): one update moves the model like one Vanilla ASGD step."""
+        del n
         return gamma_v / (self.mixing * steps)
 
     def describe(self) -> dict:
         return {**super().describe(), "mixing": self.mixing, "staleness": self.staleness, "a": self.a, "b": self.b}
+
+    def influence(self, run: Run, worker: int) -> float:
+        """The mixing weight at the worker's typical staleness, per delivery period: α(δ_i) / p_i."""
+        taus = run.taus
+        return self.discount(self.mixing, taus.expected_delay(worker), run.n) / taus.period(worker)
 
     def on_completion(self, run: Run, comp: Completion) -> None:
         alpha_t = self.discount(self.mixing, comp.delay, run.n)  # mixing · s(t − τ)

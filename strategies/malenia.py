@@ -60,6 +60,11 @@ class MaleniaSGD(AsyncStrategy):
             raise ValueError(f"S must be positive, got {S!r}")
         self.S = S  # None: the "every worker delivered ≥ 1 gradient" rule
 
+    def influence(self, run: Run, worker: int) -> float:
+        """1: every worker counts once per round, whatever its speed."""
+        del run, worker
+        return 1.0
+
     def describe(self) -> dict:
         return {**super().describe(), "S": self.S}
 

@@ -54,6 +54,11 @@ class MinibatchSGD(AsyncStrategy):
     #: Weight each update by its reply's ``weighted_by_key`` metric (``num-examples``), as FedAvg does.
     weighted = False
 
+    def influence(self, run: Run, worker: int) -> float:
+        """1: every worker counts once per round, whatever its speed."""
+        del run, worker
+        return 1.0
+
     def init_state(self, run: Run) -> MinibatchState:
         return MinibatchState(np.zeros_like(run.x))
 

@@ -64,6 +64,11 @@ class RingleaderASGD(AsyncStrategy):
     restarts_at_once = False
     State = RingleaderState
 
+    def influence(self, run: Run, worker: int) -> float:
+        """1: every worker counts once per round, whatever its speed."""
+        del run, worker
+        return 1.0
+
     def __init__(self, *, restart_on_current: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.restart_on_current = bool(restart_on_current)

@@ -14,9 +14,10 @@ from flwr.app import Array, ArrayRecord
 
 import hostile
 from fl_rescaled import AsyncClientManager, ModelLayout, RejectedReply
-from fl_rescaled.bounds import (OUTLIER_FACTOR, AdaptiveClipState, Chain, GuardState, adaptive_clip,
-                                adaptive_clip_next, chain, clip, lower_median, of_options, outlier_guard,
-                                update_norm)
+from fl_rescaled.bounds import (CLIP_FACTOR, OUTLIER_FACTOR, AdaptiveClipState, Chain, GuardState, MedianClipState,
+                                adaptive_clip, adaptive_clip_next, chain, clip, lower_median, median_clip, of_options,
+                                outlier_guard, update_norm)
+from fl_rescaled.peer_bounds import SUSPICION_RATE, reference
 from fl_rescaled.runstate import Checkpointing, load
 from fl_rescaled.strategies import STRATEGIES, RescaledASGD, options
 
@@ -153,19 +154,57 @@ def test_chain_applies_in_order_and_a_rejection_stops_it():
 
 
 def test_options_build_the_chain_and_are_validated():
-    assert [type(b).__name__ for b in of_options().bounds] == ["OutlierGuard"]
-    assert of_options().bounds[0].factor == OUTLIER_FACTOR
-    assert of_options(outlier_factor=None).bounds == ()
-    s = RescaledASGD(outlier_factor=None, adaptive_clip=0.9, clip_norm=3.0)
+    assert [type(b).__name__ for b in of_options().bounds] == ["OutlierGuard", "MedianClip"]
+    assert of_options().bounds[0].factor == OUTLIER_FACTOR and of_options().bounds[1].factor == CLIP_FACTOR == 1.5
+    assert of_options(outlier_factor=None, clip_factor=None).bounds == ()
+    s = RescaledASGD(outlier_factor=None, clip_factor=None, adaptive_clip=0.9, clip_norm=3.0)
     assert [type(b).__name__ for b in s.update_bound().bounds] == ["AdaptiveClip", "Clip"]
     for bad in ({"outlier_factor": 1.0}, {"outlier_factor": -5.0}, {"clip_norm": 0.0}, {"clip_norm": math.inf},
-                {"adaptive_clip": 1.0}, {"adaptive_clip": 0.0}):
+                {"adaptive_clip": 1.0}, {"adaptive_clip": 0.0}, {"clip_factor": 0.5}, {"clip_factor": math.inf}):
         with pytest.raises(ValueError):
             RescaledASGD(**bad)
     keys = {o.key for o in options.common_options()}
-    assert {"outlier-factor", "adaptive-clip", "clip-norm"} <= keys
-    assert options.parse_options("rescaled", "outlier-factor=none clip-norm=2") == {"outlier_factor": None,
-                                                                                     "clip_norm": 2.0}
+    assert {"outlier-factor", "clip-factor", "adaptive-clip", "clip-norm"} <= keys
+    assert options.parse_options("rescaled", "outlier-factor=none clip-norm=2 clip-factor=none") == {
+        "outlier_factor": None, "clip_norm": 2.0, "clip_factor": None}
+
+
+def test_median_clip_weighs_norms_clips_to_c_times_the_upper_median_and_keeps_a_moving_ratio():
+    c = median_clip(2.0)
+    s = c.init()
+    one = np.ones(1)
+    for worker, norm in [(0, 1.0), (1, 4.0)]:  # fewer than two others: nothing judged
+        out, kept = c(s, one * norm, norm, worker)
+        assert kept == norm and s.judged.sum() == 0
+    # worker 2: the others' {1, 4} and its own 20: the upper median is 4, so 20 is clipped to 8
+    out, kept = c(s, np.array([20.0]), 20.0, 2)
+    assert kept == 8.0 and out[0] == pytest.approx(8.0) and s.clipped == 1 and s.latest[2] == 20.0  # (as sent)
+    assert s.log_ratio[2] == pytest.approx(SUSPICION_RATE * math.log(20.0 / 4.0))
+    # a weight (share) of 1/4: a norm of 40 weighs 10; the others' {4, 20} and 10: the upper median is 10
+    out, kept = c(s, np.array([40.0]), 40.0, 0, share=0.25)
+    assert kept == pytest.approx(40.0) and s.clipped == 1  # (not clipped)
+    out, kept = c(s, np.array([400.0]), 400.0, 0, share=0.25)  # weighs 100; {4, 20} and 100: 2 × 20, a norm of 160
+    assert kept == pytest.approx(160.0) and out[0] == pytest.approx(160.0) and s.latest[0] == pytest.approx(100.0)
+    judged, ratio = c.suspicion(s, 0)
+    assert judged == 2 and ratio > 1 and c.suspicion(s, 7) == (0, 1.0)
+    assert sorted(w for w, _ in c.largest(s, 2)) == [0, 2] and len(c.largest(s, 5)) == 2
+    zero = np.zeros(1)
+    assert c(s, zero, 0.0, 5)[0] is zero and 5 not in s.latest
+    s.check()
+    with pytest.raises(ValueError):
+        median_clip(0.9)
+
+
+def test_the_upper_median_keeps_a_population_split_in_half():
+    """Two clients at their optimum (tiny norms) and two far from theirs: the far ones are judged by
+    the upper median of the others, one of their own kind, and are not clipped to the near ones'."""
+    c = median_clip(1.5)
+    s = c.init()
+    for w, norm in [(0, 1e-3), (2, 4.0), (1, 1e-3), (3, 4.0)] * 3:
+        _, kept = c(s, np.array([norm]), norm, w)
+        assert kept == pytest.approx(norm)
+    assert s.clipped == 0 and s.judged.sum() == 10
+    assert reference(s.latest, 2, 4.0, upper=True)[0] == 4.0 and reference(s.latest, 2, 4.0)[0] == 1e-3
 
 
 # ================================================================================ one hostile node
@@ -214,8 +253,9 @@ def test_a_hostile_first_reply_stops_the_run_loudly_and_clip_norm_bounds_it():
 
 
 def test_the_guard_off_lets_the_hostile_node_ruin_the_model():
-    """The scenario can tell: without the guard, a node replying 1e6 moves the model by ~1e5."""
-    x, books = hostile.run("rescaled", "gradient", hostile.HostileGrid("1e6"), outlier_factor=None)
+    """The scenario can tell: without the guard (and the median clip), a node replying 1e6 moves the
+    model by ~1e5."""
+    x, books = hostile.run("rescaled", "gradient", hostile.HostileGrid("1e6"), outlier_factor=None, clip_factor=None)
     assert x is not None and hostile.distance(x, honest("rescaled", "gradient")) > 1e3
 
 
@@ -235,8 +275,9 @@ def test_a_checkpointed_run_resumes_with_the_same_bound_state(tmp_path):
     first, res1 = start(False)
     saved = load(Checkpointing(tmp_path / "run.ckpt", 50.0, "bounds-test").covering(
         first, first.last_run.layout, 180.0, None), type(first.state)).manager.bounds
-    guard, adaptive = saved
+    guard, median, adaptive = saved
     assert isinstance(guard, GuardState) and guard.rejected > 0 and sorted(guard.norms) == [0, 1, 3]  # (not 2)
+    assert isinstance(median, MedianClipState) and median.judged.sum() > 0
     assert isinstance(adaptive, AdaptiveClipState) and adaptive.seen > 0 and math.isfinite(adaptive.clip)
     second, res2 = start(True)
     assert second.last_run.manager.bound_state is not first.last_run.manager.bound_state

@@ -177,7 +177,7 @@ def test_on_the_wall_clock_a_client_set_aside_is_tried_again_after_its_time_then
     client gets one job again after its time, fails, and is set aside for 0.4 s. (The 60 rounds last
     at least 60 × 17 ms of the nodes' sleeps, on any machine: longer than 0.2 s, a look at the nodes
     and one 22 ms job.)"""
-    import fl_rescaled.manager.manager as manager
+    import fl_rescaled.manager.reputation as manager
     from fl_rescaled.manager import ManagerSettings
 
     monkeypatch.setattr(manager, "SET_ASIDE_SECONDS", 0.2)

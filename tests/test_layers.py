@@ -25,7 +25,7 @@ SOURCES = {"fl_rescaled": ROOT / "fl_rescaled", "fl_rescaled.strategies": ROOT /
 CORE = {"clock", "errors", "timeline", "layout", "matching", "messages", "stepsizes", "manager", "grid", "grid_api", "inprocess", "tasks", "data",
         "codec", "reporting", "runstate", "driver", "algorithm", "settings", "delays", "speeds", "availability",
         "traces",
-        "metrics", "checkpoints", "bounds"}
+        "metrics", "checkpoints", "bounds", "peer_bounds", "divergence", "failures", "matching"}
 APPLICATION = {"runspec", "experiment", "flower_sim", "server_app", "paper", "population"}
 RANK = {"core": 0, "strategies": 1, "clients": 1, "facade": 1.5, "application": 2, "cli": 3}
 LAZY_OK = ("torch", "torchvision", "matplotlib", "flwr.simulation")

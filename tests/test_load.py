@@ -71,8 +71,11 @@ RUNS = {"rescaled": (0.4, 30.0), "vanilla": (0.4, 30.0), "malenia": (0.4, 22.0)}
 
 
 def run_thousand(name):
+    """Without the median clip: the clients' optima spread from 1 to 7 keep honest gradients up to 55
+    times apart at the fixed point, which a norm bound would read as lies (docs/reliability.md)."""
     lr, budget = RUNS[name]
-    return quad(strategy=name, taus=VTAUS, quad_b=VB, lr=lr, budget=budget, eval_every=budget / 4)
+    return quad(strategy=name, taus=VTAUS, quad_b=VB, lr=lr, budget=budget, eval_every=budget / 4,
+                options={"clip_factor": None})
 
 
 @pytest.fixture(scope="module")

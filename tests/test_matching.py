@@ -310,7 +310,7 @@ def test_localdpmod_on_the_whole_clientapp_fails_each_evaluation_at_once_and_on_
     whole = ClientApp(mods=[dp()])
     whole.train()(one_record)
     whole.evaluate()(evaluate)
-    with no_hang(), caplog.at_level(logging.WARNING, logger="flwr"):
+    with no_hang(), caplog.at_level(logging.WARNING, logger="flwr.fl_rescaled"):
         res = FedAsync().start(InProcessGrid(whole, 3), ONES, num_updates=6, num_evaluations=2)
     assert res.books["updates"] == 6 and res.evaluate_metrics_clientapp == {}
     warned = [r.getMessage() for r in caplog.records if "federated evaluation" in r.getMessage()]
@@ -345,11 +345,14 @@ def released_on(text: str, monkeypatch):
     monkeypatch.setattr(grid_api, "WAIT_NOTICE_EVERY", 0.05, raising=False)
     handler = ReleaseOn(text)
     logger = logging.getLogger("flwr.fl_rescaled")
+    saved = logger.level  # (a command line run in this process may have left it at ERROR)
+    logger.setLevel(logging.WARNING)
     logger.addHandler(handler)
     try:
         yield handler
     finally:
         logger.removeHandler(handler)
+        logger.setLevel(saved)
         handler.event.set()
 
 

@@ -21,7 +21,7 @@ manager's part of the run's state is read and written (``state``, ``resume``).
 from __future__ import annotations
 
 import logging
-import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -38,6 +38,7 @@ from .books import DETAIL_LIMIT, Books, is_lost, is_strike, outcome_of
 from .jobs import NODE_GONE, Completion, Job, zero_nonfinite_replicas
 from .membership import Membership
 from .observers import ManagerObserver
+from .reputation import SET_ASIDE_AFTER, largest_updates, strike_out, suspect
 from .saved import ManagerState, restore, snapshot
 from .selection import Population
 from .settings import ManagerSettings
@@ -46,14 +47,6 @@ from .virtual import VirtualSource
 from .wall import WallSource
 
 log = logging.getLogger("flwr.fl_rescaled")
-
-#: A worker whose last this many jobs all failed (``books.is_strike``: rejected, or lost by the
-#: client's fault) is set aside (``strike_out``).
-SET_ASIDE_AFTER = 3
-#: Wall clock: seconds a worker is first set aside for; each further failure in a row doubles it
-#: (at most 2^10 times). The virtual clock sets a worker aside for good.
-SET_ASIDE_SECONDS = 60.0
-
 
 _LOST_DETAIL = {"ttl-expired": "no reply within the job's TTL", "offline": "its client went offline before it finished"}
 
@@ -84,6 +77,9 @@ class AsyncClientManager:
         self.tau_smoothing = settings.tau_smoothing
         self.bound = bound if replicas == 1 and bound is not None and bound.bounds else None  # (off for batches)
         self.bound_state = self.bound.init() if self.bound is not None else []
+        #: worker → how far its replies move the model per unit of time, relative to the others' (the
+        #: strategy's ``influence``, set by the driver): the weight the median clip gives a norm
+        self.influence: Callable[[int], float] = lambda worker: 1.0
         self.books = Books()
         self.transport = Transport(grid, ttl=ttl, arrayrecord_key=arrayrecord_key, configrecord_key=configrecord_key)
         self.transport.on_stray = lambda reason: self.books.record_stray(reason)
@@ -301,6 +297,8 @@ class AsyncClientManager:
             if self.periods_online:
                 self.source.delivered(w, t, self.taus, self.periods_online, self.tau_smoothing,
                                       int(self.books.outcomes["applied"][w]))
+            if self.bound is not None:
+                suspect(self, w)
         else:
             if self.source.virtual:
                 self.books.busy_done[w] += self.source.work(job, t)
@@ -316,24 +314,11 @@ class AsyncClientManager:
         return comp
 
     def strike_out(self, worker: int, comp: Completion) -> None:
-        """``worker``'s last ``SET_ASIDE_AFTER`` (or more) jobs failed, ``comp`` the last: set it aside
-        (``Membership.set_aside``), unless more than half the workers would then be failing; then
-        ``too_many_failing`` says which, and the run's failure checks stop the run."""
-        strikes = int(self.books.strikes[worker])
-        failing = np.flatnonzero((self.books.strikes >= SET_ASIDE_AFTER) | self.membership.aside_mask())
-        last = f"{comp.rejected}: {failure_text(comp.rejected, comp.detail, 200)}"
-        if 2 * failing.size > self.num_workers:
-            names = ", ".join(self.membership.name(int(i)) for i in failing[:10]) + " ..." * (failing.size > 10)
-            self.too_many_failing = (f"{failing.size} of {self.num_workers} clients failed {SET_ASIDE_AFTER} times "
-                                     f"or more in a row ({names}; {self.membership.name(worker)}'s last: {last}), "
-                                     "and at most half the workers may be set aside")
-            return
-        if self.source.virtual:
-            self.membership.set_aside(worker, f"its last {strikes} jobs failed (the last: {last}); for good", math.inf)
-            return
-        seconds = SET_ASIDE_SECONDS * 2.0 ** min(strikes - SET_ASIDE_AFTER, 10)
-        self.membership.set_aside(worker, f"its last {strikes} jobs failed (the last: {last}); no jobs for "
-                                          f"{seconds:g} s unless it comes back on a new node", seconds)
+        strike_out(self, worker, comp)
+
+    def largest_updates(self, k: int) -> list[tuple[int, float]]:
+        """The ``k`` workers whose updates stood furthest above the others' (``reputation``)."""
+        return largest_updates(self, k)
 
     def _read_reply(self, comp: Completion, reply: Message) -> None:
         """Validate a reply and fill the completion's update (a direction g), metrics and carried
@@ -351,7 +336,7 @@ class AsyncClientManager:
             if bad:
                 metrics["nonfinite-replicas"] = bad
         elif self.bound is not None:
-            flat = self.bound.apply(self.bound_state, flat, comp.job.worker)
+            flat = self.bound.apply(self.bound_state, flat, comp.job.worker, self.influence(comp.job.worker))
         comp.update, comp.carried, comp.metrics = flat, carried, metrics
 
     # ------------------------------------------------------------------ reporting

@@ -46,9 +46,10 @@ def execute_batch(job: Job) -> list[dict[str, Any]]:
     t0 = time.perf_counter()
     spec = RunSpec(task="mnist", strategy=keys[0].method, lr=keys[0].lr, delays=keys[0].setting, seed=keys[0].seed,
                    budget=job["budget"], eval_every=job["eval_every"], progress=job.get("bar", False),
-                   workers=1, torch_threads=job.get("threads", 1))  # (the study's processes are its parallelism)
+                   workers=1, torch_threads=job.get("threads", 1),  # (the study's processes are its parallelism)
+                   options={"clip_factor": None})  # (a batch applies no bound: its single runs not the clip either)
     try:
-        outcomes = [run(spec)] if len(keys) == 1 else run_batch(spec, [k.lr for k in keys], [k.seed for k in keys])
+        outcomes = [run(spec, divergence=None)] if len(keys) == 1 else run_batch(spec, [k.lr for k in keys], [k.seed for k in keys])
     except Exception as exc:  # noqa: BLE001 - reported to the driver, which counts the runs as failed
         return [{"error": f"{type(exc).__name__}: {exc}", "key": k.__dict__} for k in keys]
     wall = time.perf_counter() - t0

@@ -80,7 +80,7 @@ def execute(job: Job) -> dict[str, Any]:
     try:
         spec = resolve(spec_for(setting, method, job["value"], job["seed"], job["budget"], job["eval_every"]))
         partition = partition_info(spec)
-        outcome = run(spec)
+        outcome = run(spec, divergence=None)  # (a sweep records a diverged run as +inf)
     except Exception as exc:  # noqa: BLE001 - reported to the driver, which counts the run as failed
         return {"error": f"{type(exc).__name__}: {exc}", "key": key.__dict__}
     outcome["curve"] = {k: [h.get(k) for h in outcome["history"]]

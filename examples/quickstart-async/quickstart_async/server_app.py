@@ -22,15 +22,15 @@ from quickstart_async.task import Net, central_test
 app = ServerApp()
 
 
-def make_async_strategy(name: str, buffer_size: int = 10, **fedavg_keywords):
+def make_async_strategy(name: str, buffer_size: int = 0, **fedavg_keywords):
     """One of fl_rescaled's asynchronous strategies, each with its defaults and FedAvg's keywords
-    (FedBuff with ``buffer_size`` replies per update: 10 is its default).
+    (FedBuff with ``buffer_size`` replies per update; 0: FedBuff's default, half the jobs in flight).
 
     All three take the trained models a FedAvg ClientApp returns: FedBuff and FedAsync do so by
     default, Rescaled ASGD with ``reply="model"`` (its own default is a gradient reply).
     """
     if name == "fedbuff":
-        return FedBuff(buffer_size=buffer_size, **fedavg_keywords)
+        return FedBuff(buffer_size=buffer_size or None, **fedavg_keywords)
     if name == "fedasync":
         return FedAsync(**fedavg_keywords)
     if name == "rescaled":

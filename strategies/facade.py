@@ -1,0 +1,168 @@
+"""The Flower façade of an asynchronous strategy: ``start`` runs the whole run, rounds are refused.
+
+``FlowerFacade`` is the part of ``AsyncStrategy`` that Flower sees: a ``flwr.serverapp.strategy.Strategy``
+whose ``start(grid=..., initial_arrays=...)`` builds a ``Driver`` for the strategy, runs it and
+returns Flower's ``Result`` (an ``AsyncResult``), and whose round hooks (``configure_train``, ...)
+raise: there are no rounds to configure. The algorithm (options, state, what one completion does)
+is ``AsyncStrategy``'s (``strategies/base.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from fl_rescaled.clock import Clock
+from fl_rescaled.divergence import Divergence
+from fl_rescaled.driver import Driver
+from fl_rescaled.manager import ManagerObserver, ManagerSettings
+from fl_rescaled.reporting import AsyncResult, EvaluateFn, log_end, log_start
+from fl_rescaled.runstate import Checkpointing
+
+from .checks import no_round_hooks, no_rounds
+
+log = logging.getLogger("flwr.fl_rescaled")
+
+
+class FlowerFacade(Strategy):
+    """What Flower calls: ``start``, and the round hooks that refuse to run (see the module docstring)."""
+
+    # ---------------------------------------------------------------- Flower's round API
+    # No rounds: a run happens inside ``start``; a subclass that overrides these four is refused.
+    configure_train = aggregate_train = configure_evaluate = aggregate_evaluate = no_rounds
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        no_round_hooks(cls)
+
+    def summary(self) -> None:
+        log.info("\t├──> %s", ", ".join(f"{k}={v}" for k, v in self.describe().items()))
+        log.info("\t└──> Keys in records: weighted by '%s', ArrayRecord '%s', ConfigRecord '%s'",
+                 self.weighted_by_key, self.arrayrecord_key, self.configrecord_key)
+
+    # ---------------------------------------------------------------- the loop
+    def start(  # pylint: disable=too-many-arguments,too-many-locals
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_updates: int | None = None,
+        timeout: float = 3600.0,
+        train_config: ConfigRecord | dict | None = None,
+        evaluate_config: ConfigRecord | dict | None = None,
+        evaluate_fn: EvaluateFn | None = None,
+        *,
+        time_budget: float | None = None,
+        clock: Clock | None = None,
+        taus: list[float] | None = None,
+        eval_every: float | None = None,
+        num_evaluations: int = 10,
+        num_workers: int | None = None,
+        partition_query: bool | None = None,
+        progress: bool = False,
+        observers: list[ManagerObserver] | None = None,
+        checkpoint: Checkpointing | None = None,
+        settings: ManagerSettings | None = None,
+        replicas: Sequence[float] | None = None,
+        seed: int = 0,
+        divergence: Divergence | None = Divergence(),
+        num_rounds: None = None,
+    ) -> AsyncResult:
+        """Run the asynchronous loop until a budget is spent; return Flower's ``Result``.
+
+        Parameters
+        ----------
+        grid : Grid
+            The Grid of the ServerApp (Flower's, or ``fl_rescaled.InProcessGrid``).
+        initial_arrays : ArrayRecord
+            The initial model, in the layout every job carries and every reply must have
+            (``ArrayRecord(model.state_dict())``, say).
+        num_updates : int, optional
+            Stop after this many server updates (FedAvg's ``num_rounds`` becomes this or
+            ``time_budget``, at least one of the two required; ``num_rounds`` is a ``TypeError``).
+        timeout : float (default: 3600)
+            Seconds a job (and an evaluation) may take before it counts as lost: every message's TTL.
+        train_config, evaluate_config : ConfigRecord, optional
+            Sent with every training job (with the job's tags added, see ``fl_rescaled.messages``)
+            and with every federated evaluation.
+        evaluate_fn : callable, optional
+            Central evaluation ``evaluate_fn(step, arrays) -> MetricRecord | None``, called at the
+            start (step 0), at every evaluation point and at the end.
+        time_budget : float, optional
+            Stop when the clock reaches this time: virtual time units, or on the wall clock
+            seconds / ``time_unit`` counted from the first reply (when a node is ready: Ray's or a
+            SuperLink's start-up is not counted).
+        clock : VirtualClock or WallClock, optional
+            Default: on ``InProcessGrid`` a virtual clock with each node's ``tau`` from its node
+            config (1 if unset); on Flower's runtimes the wall clock, with τ_i estimated online.
+        taus : list of float, optional
+            Per-partition compute times for the default virtual clock (needs the partition query).
+        eval_every : float, optional
+            Evaluation period in time units. Default: ``num_evaluations`` points over the budget
+            (over ``time_budget`` when given, else every ``num_updates / num_evaluations`` updates).
+        num_evaluations : int (default: 10)
+            Evaluation points after the start when ``eval_every`` is not given.
+        num_workers : int, optional
+            Use the first ``num_workers`` workers only (default: every node).
+        partition_query : bool, optional
+            Number the workers by ``partition-id`` (``fl_rescaled.add_partition_query`` in the
+            ClientApp). Default: only when a per-partition setting (``taus``, a strategy's
+            ``weights``, a per-worker job config) needs it; else the workers are the nodes in
+            node-id order.
+        progress : bool (default: False)
+            A progress bar on stderr.
+        observers : list of ManagerObserver, optional
+            Told of every job sent, reply awaited, completion and update (benchmarks, metrics).
+        checkpoint : Checkpointing, optional
+            Write the run's whole state to ``checkpoint.path`` every ``checkpoint.every`` time units
+            (atomically, books checked); with ``resume=True`` go on from the state there instead of
+            starting. A corrupted, foreign or hostile checkpoint raises ``CheckpointError``.
+        settings : ManagerSettings, optional
+            The client manager's settings (``fl_rescaled.manager.ManagerSettings``: how τ is
+            estimated on the wall clock, how often Flower's Grid is polled, ...).
+        replicas : sequence of float, optional
+            Run R replicas that differ only in α in one event loop (``experiment.run_batch``): the
+            model is their flat vectors end to end and each event applies replica r's step
+            α_r · γ, with γ the step of α = 1 (every stepsize rule is linear in α; build the
+            strategy with ``lr=1``).
+        seed : int (default: 0)
+            Seeds the run's own random choices (Concurrent ASGD's worker draws, unless its ``seed``
+            option is set).
+        divergence : Divergence, optional (default: 10 × the initial loss at 3 points in a row)
+            When the evaluated loss (``evaluate_fn``'s, else the federated evaluation's) counts as a
+            diverged model: non-finite, or above ``factor`` × its value at the start at ``points``
+            evaluation points in a row (``fl_rescaled.divergence``); the run then fails with the best
+            model so far in ``RunFailed.result``. None: never (a sweep that records divergence).
+
+        Returns
+        -------
+        AsyncResult
+            Flower's ``Result`` (final arrays in the initial layout, metrics keyed by evaluation
+            number) plus the run's ``books``.
+
+        Raises
+        ------
+        RunFailed
+            When the run cannot make progress (the message names the first rejection's reason; for
+            a ClientApp that raised, its own exception text), or its model diverged (the message
+            names the clients whose updates were largest; ``RunFailed.result`` has the best model).
+        """
+        if num_rounds is not None:
+            raise TypeError(f"{type(self).__name__}.start() takes num_updates and/or time_budget, not FedAvg's num_rounds")
+        driver = Driver(self, grid, initial_arrays, num_updates=num_updates, time_budget=time_budget,
+                        timeout=timeout, train_config=train_config, evaluate_config=evaluate_config,
+                        evaluate_fn=evaluate_fn, clock=clock, taus=taus, eval_every=eval_every,
+                        num_evaluations=num_evaluations, num_workers=num_workers, partition_query=partition_query,
+                        progress=progress, observers=observers, checkpoint=checkpoint, settings=settings,
+                        replicas=replicas, seed=seed, divergence=divergence)
+        self.last_run = driver
+        log_start(type(self).__name__, driver.layout, driver.budget if time_budget is not None else None,
+                  driver.max_updates)
+        self.summary()
+        result = driver.run()
+        log_end(result, driver.wall_seconds)
+        return result
