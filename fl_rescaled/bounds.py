@@ -187,27 +187,28 @@ class Chain:
         """The update the chain lets through (its norm computed once); raises ``RejectedReply``."""
         return self(states, update, update_norm(update), worker, share)[0]
 
+    def _state_of(self, states: list[Any], kind: type) -> Any:
+        """The state of this chain's first bound of ``kind`` (None without one)."""
+        return next((s for b, s in zip(self.bounds, states) if isinstance(b, kind)), None)
+
     def suspicion(self, states: list[Any], worker: int) -> tuple[int, float]:
         """``worker``'s updates judged by the median clip and the geometric mean of their ratios to
         the reference (``MedianClip.suspicion``; (0, 1) without a median clip)."""
-        for b, s in zip(self.bounds, states):
-            if isinstance(b, MedianClip):
-                return b.suspicion(s, worker)
-        return 0, 1.0
+        clipped = self._state_of(states, MedianClip)
+        return (0, 1.0) if clipped is None else MedianClip.suspicion(clipped, worker)
 
     def largest(self, states: list[Any], k: int) -> list[tuple[int, float]]:
         """The ``k`` workers whose updates stood furthest above the others': by the median clip's
         moving ratios (``MedianClip.largest``), else by the outlier guard's latest norms over their
         median; none without either."""
-        for b, s in zip(self.bounds, states):
-            if isinstance(b, MedianClip):
-                return b.largest(s, k)
-        for b, s in zip(self.bounds, states):
-            if isinstance(b, OutlierGuard) and s.norms:
-                median = lower_median(list(s.norms.values()))
-                ranked = sorted(s.norms.items(), key=lambda kv: -kv[1])[:k]
-                return [(int(w), v / median) for w, v in ranked]
-        return []
+        clipped = self._state_of(states, MedianClip)
+        if clipped is not None:
+            return MedianClip.largest(clipped, k)
+        guarded = self._state_of(states, OutlierGuard)
+        if guarded is None or not guarded.norms:
+            return []
+        median = lower_median(list(guarded.norms.values()))
+        return [(int(w), v / median) for w, v in sorted(guarded.norms.items(), key=lambda kv: -kv[1])[:k]]
 
     def check(self, states: list[Any]) -> None:
         """Raise ValueError when ``states`` (read from a checkpoint) are not this chain's."""

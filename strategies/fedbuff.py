@@ -87,8 +87,6 @@ class FedBuff(AsyncStrategy):
         if not server_lr > 0 or not 0 <= staleness_exponent <= 1:
             raise ValueError("server_lr must be positive and staleness_exponent in [0, 1]")
         self.buffer_size = None if buffer_size is None else int(buffer_size)
-        #: K of the run started last (``buffer_for``); before any, ``buffer_size`` (None: from C at start)
-        self.K = self.buffer_size
         self.server_lr, self.p = float(server_lr), float(staleness_exponent)
         self.discount = polynomial(self.p)  # w(δ) = 1 / (1 + δ)^p
 
@@ -110,18 +108,16 @@ class FedBuff(AsyncStrategy):
                 "staleness_exponent": self.p}
 
     def init_state(self, run: Run) -> FedBuffState:
-        self.K = self.buffer_for(run.n)
-        c = self.in_flight(run.n)
-        if self.K > c:
+        k, c = self.buffer_for(run.n), self.in_flight(run.n)
+        if k > c:
             log.warning("FedBuff: a buffer of %d replies is more than the %d jobs in flight, so each update waits "
                         "for replies to jobs not yet sent (one update per %.3g rounds' worth of trainings); "
-                        "leave buffer_size out for the default, %d here", self.K, c, self.K / c, default_buffer(c))
-        return FedBuffState(np.zeros_like(run.x), 0, self.K)
+                        "leave buffer_size out for the default, %d here", k, c, k / c, default_buffer(c))
+        return FedBuffState(np.zeros_like(run.x), 0, k)
 
     def check_state(self, state: FedBuffState, n: int, x: np.ndarray) -> None:
         if state.buffer.shape != x.shape or state.size != self.buffer_for(n) or not 0 <= state.count < state.size:
             raise ValueError("FedBuff's buffer does not fit this run")
-        self.K = state.size
 
     def stored_vectors(self) -> int:
         return 1 if self.state.count else 0

@@ -38,7 +38,7 @@ from .books import DETAIL_LIMIT, Books, is_lost, is_strike, outcome_of
 from .jobs import NODE_GONE, Completion, Job, zero_nonfinite_replicas
 from .membership import Membership
 from .observers import ManagerObserver
-from .reputation import SET_ASIDE_AFTER, largest_updates, strike_out, suspect
+from .reputation import SET_ASIDE_AFTER, strike_out, suspect
 from .saved import ManagerState, restore, snapshot
 from .selection import Population
 from .settings import ManagerSettings
@@ -307,18 +307,15 @@ class AsyncClientManager:
             outcome = outcome_of(comp.rejected)
             self.books.ended(w, outcome, comp.detail)
             if is_strike(outcome) and self.books.strikes[w] >= SET_ASIDE_AFTER and not self.membership.is_aside(w):
-                self.strike_out(w, comp)
+                strike_out(self, w, comp)
         self._if_idle(w)
         for obs in self.observers:
             obs.completed(comp)
         return comp
 
-    def strike_out(self, worker: int, comp: Completion) -> None:
-        strike_out(self, worker, comp)
-
     def largest_updates(self, k: int) -> list[tuple[int, float]]:
-        """The ``k`` workers whose updates stood furthest above the others' (``reputation``)."""
-        return largest_updates(self, k)
+        """The ``k`` workers whose updates stood furthest above the others' (``Chain.largest``)."""
+        return self.bound.largest(self.bound_state, k) if self.bound is not None else []
 
     def _read_reply(self, comp: Completion, reply: Message) -> None:
         """Validate a reply and fill the completion's update (a direction g), metrics and carried

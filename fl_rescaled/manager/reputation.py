@@ -79,9 +79,3 @@ def suspect(m: Any, worker: int) -> None:
     m.membership.set_aside(worker, f"its updates were {ratio:.3g}× the median of the other workers' (a moving "
                                    f"geometric mean; {judged} judged, each clipped to clip_factor × that median); "
                                    "for good", math.inf)
-
-
-def largest_updates(m: Any, k: int) -> list[tuple[int, float]]:
-    """The ``k`` workers whose updates stood furthest above the others' (the median clip's moving
-    ratios, largest first; none without a median clip)."""
-    return m.bound.largest(m.bound_state, k) if m.bound is not None else []
