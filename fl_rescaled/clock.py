@@ -89,6 +89,11 @@ class VirtualClock:
         self.availability = availability
         self.now = 0.0
 
+    @property
+    def num_workers(self) -> int:
+        """The clients the compute-time model knows (a run uses as many workers, by default)."""
+        return self.delays.num_clients
+
     def advance(self, t: float) -> None:
         if t < self.now - 1e-12:
             raise RuntimeError(f"virtual time cannot go back ({t} < {self.now})")
@@ -105,6 +110,7 @@ class WallClock:
 
     virtual = False
     availability = None  # (nodes come and go by themselves)
+    num_workers = None  # (as many as there are nodes)
 
     def __init__(self, time_unit: float = 1.0) -> None:
         if not time_unit > 0 or not math.isfinite(time_unit):

@@ -175,15 +175,30 @@ def _array(data: Any, arrays: dict[str, np.ndarray], path: str) -> np.ndarray:
     return np.array(arr)  # a writable copy
 
 
+def pcg64_state(bits: Any, what: str) -> dict[str, Any]:
+    """A fresh copy of a PCG64 ``bit_generator.state``, validated: numpy checks neither the increment
+    (an even one, 0 say, makes a generator that can loop for ever) nor the ranges; ValueError
+    naming ``what`` otherwise."""
+    inner = bits.get("state") if isinstance(bits, dict) else None
+    ok = (isinstance(inner, dict) and set(bits) == {"bit_generator", "state", "has_uint32", "uinteger"}
+          and bits["bit_generator"] == "PCG64" and set(inner) == {"state", "inc"}
+          and all(type(v) is int and 0 <= v < 2**128 for v in inner.values()) and inner["inc"] % 2 == 1
+          and type(bits["has_uint32"]) is int and bits["has_uint32"] in (0, 1)
+          and type(bits["uinteger"]) is int and 0 <= bits["uinteger"] < 2**32)
+    if not ok:
+        raise ValueError(f"{what} is not a PCG64 generator state (or one numpy cannot draw from)")
+    return {"bit_generator": "PCG64", "state": {"state": inner["state"], "inc": inner["inc"]},
+            "has_uint32": bits["has_uint32"], "uinteger": bits["uinteger"]}
+
+
 def _generator(data: Any, path: str) -> np.random.Generator:
     state = data.get("$rng") if isinstance(data, dict) and set(data) == {"$rng"} else None
-    if not isinstance(state, dict) or state.get("bit_generator") != "PCG64":
-        raise StateError(f"{path}: expected a PCG64 generator state")
-    rng = np.random.Generator(np.random.PCG64())
     try:
-        rng.bit_generator.state = state
-    except (TypeError, ValueError, KeyError, OverflowError) as exc:
-        raise StateError(f"{path}: bad generator state ({exc})") from None
+        state = pcg64_state(state, path)
+    except ValueError as exc:
+        raise StateError(str(exc)) from None
+    rng = np.random.Generator(np.random.PCG64())
+    rng.bit_generator.state = state
     return rng
 
 

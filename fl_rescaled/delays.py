@@ -18,6 +18,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from .codec import pcg64_state
 from .speeds import Drift, Switch
 from .traces import per_client, read_durations, summary
 
@@ -90,7 +91,7 @@ class _Model:
     def state(self) -> dict:
         """JSON-able state: the generators created so far (by client id) and model-specific parts."""
         return {"kind": self.kind, "num_clients": self.num_clients, "seed": self.seed,
-                "rngs": {str(i): _pcg64_state(bits, i) for i, bits in sorted(
+                "rngs": {str(i): pcg64_state(bits, f"state['rngs']['{i}']") for i, bits in sorted(
                     {**self._saved, **{i: rng.bit_generator.state for i, rng in self._rngs.items()}}.items())},
                 **self._extra_state()}
 
@@ -103,7 +104,7 @@ class _Model:
         for key, value in want.items():
             if state[key] != value or type(state[key]) is not type(value):
                 raise ValueError(f"the state has {key}={state[key]!r}, this model has {value!r}")
-        saved = {client: _pcg64_state(bits, client) for client, bits in self._ids(state["rngs"], "rngs").items()}
+        saved = {client: pcg64_state(bits, f"state['rngs']['{client}']") for client, bits in self._ids(state["rngs"], "rngs").items()}
         self._restore_extra(state)
         self._rngs, self._saved = {}, saved
 
@@ -132,20 +133,6 @@ class _Model:
 
     def _params(self) -> dict:
         return {}
-
-
-def _pcg64_state(bits, client: int) -> dict:
-    """A fresh copy of a PCG64 ``bit_generator.state``, validated (numpy checks neither inc nor ranges)."""
-    inner = bits.get("state") if isinstance(bits, dict) else None
-    ok = (isinstance(inner, dict) and set(bits) == {"bit_generator", "state", "has_uint32", "uinteger"}
-          and bits["bit_generator"] == "PCG64" and set(inner) == {"state", "inc"}
-          and all(type(v) is int and 0 <= v < 2**128 for v in inner.values()) and inner["inc"] % 2 == 1
-          and type(bits["has_uint32"]) is int and bits["has_uint32"] in (0, 1)
-          and type(bits["uinteger"]) is int and 0 <= bits["uinteger"] < 2**32)
-    if not ok:
-        raise ValueError(f"state['rngs']['{client}'] is not a PCG64 generator state")
-    return {"bit_generator": "PCG64", "state": {"state": inner["state"], "inc": inner["inc"]},
-            "has_uint32": bits["has_uint32"], "uinteger": bits["uinteger"]}
 
 
 class Fixed(_Model):

@@ -68,8 +68,7 @@ class RunAPI:
 
     @property
     def all_online(self) -> bool:
-        manager = self.manager  # (virtual clock, no availability model, no worker set aside)
-        return manager.source.virtual and manager.clock.availability is None and manager.taus.n_active == self.n
+        return self.manager.source.all_online()
 
     @property
     def concurrency(self) -> int:
@@ -179,8 +178,8 @@ class Driver(RunAPI):
             clock = default_clock(self.grid, taus, num_workers, partition_query, strategy.uses_tau)
         elif taus is not None:
             raise ValueError("give either clock or taus, not both")
-        if clock.virtual and num_workers is None:
-            num_workers = clock.delays.num_clients
+        if num_workers is None:
+            num_workers = clock.num_workers  # (the virtual clock's compute-time model knows them)
         self.connect_args = (num_workers, min(timeout, 300.0), partition_query)
         cfg = dict(train_config.items()) if train_config is not None else {}
         self.manager = AsyncClientManager(
@@ -220,8 +219,7 @@ class Driver(RunAPI):
                             "fl_rescaled.add_partition_query numbers them by partition-id", manager.num_workers)
             state.answered = np.zeros(manager.num_workers, bool)
             state.algorithm = strategy.state = strategy.init_state(self)
-            if not manager.source.virtual:
-                manager.clock.hold()  # the wall-clock budget counts from the first reply: a node is ready
+            manager.source.start()  # (the wall clock's budget counts from the first reply: a node is ready)
             self._plan_checkpoints()
             wall0 = time.perf_counter()
             strategy.on_start(self)
@@ -352,29 +350,59 @@ class Driver(RunAPI):
         log.info("checkpoint at t=%g (%d updates): %s", self.manager.clock.now, self.manager.version, self.plan.path)
 
     def _resume(self) -> None:
-        """Go on from the plan's checkpoint (``AsyncClientManager.resume`` says what happens to the jobs
-        that were in flight)."""
+        """Go on from the plan's checkpoint. Every part checks what it restores against its own
+        invariants (the run's schedule and history here, the manager's parts in
+        ``AsyncClientManager.resume``, the strategy's state in ``check_state``): a value no run
+        could have written is refused (``CheckpointError``, one line) before anything runs. The
+        clock's source says what happens to the jobs that were in flight."""
         assert self.plan is not None
         strategy, manager = self.strategy, self.manager
         loaded = load(self.plan, type(strategy.state))
-        if loaded.x.shape != self.state.x.shape or loaded.x.dtype != self.state.x.dtype:
-            raise CheckpointError(f"{self.plan.path}: its model does not have the layout of this run's")
+        saved = loaded.manager
+        assert saved is not None
         try:
-            weights = strategy.target_weights()
-            lost = manager.resume(loaded.manager, strategy.slots(loaded.manager.books.n), self.seed, weights,
-                                  self.connect_args[1], strategy.selection)
+            self._check_restored(loaded)
+            needs_jobs = manager.resume(saved, strategy.slots(saved.books.n), self.seed, strategy.target_weights(),
+                                        strategy.selection)
+            self._check_history(loaded)
             strategy.check_state(loaded.algorithm, manager.num_workers, loaded.x)
         except ValueError as exc:
             raise CheckpointError(f"{self.plan.path}: {exc}") from None
+        lost = len(saved.jobs) - len(manager.transport.inflight)
         loaded.manager = None
         self.state = loaded
         strategy.state = loaded.algorithm
         self._plan_checkpoints()
-        if manager.source.virtual:
-            log.info("resumed from %s at t=%g (%d updates)", self.plan.path, manager.clock.now, manager.version)
-            return
-        for worker in manager.online_workers():
+        for worker in needs_jobs:
             strategy.on_joined(self, worker)
-        log.warning("resumed from %s at t=%g (%d updates): %d jobs in flight counted as lost, %d of %d workers "
-                    "online", self.plan.path, manager.clock.now, manager.version, lost, len(manager.online_workers()),
-                    manager.num_workers)
+        (log.warning if lost else log.info)(
+            "resumed from %s at t=%g (%d updates): %d jobs in flight counted as lost, %d of %d workers online",
+            self.plan.path, manager.clock.now, manager.version, lost, len(manager.online_workers()),
+            manager.num_workers)
+
+    def _check_restored(self, loaded: RunState) -> None:
+        """The run's own part of a checkpoint: the model's layout, and this run's evaluation schedule
+        (its period or update count, as the command gives them; its next point where its step says)."""
+        if loaded.x.shape != self.state.x.shape or loaded.x.dtype != self.state.x.dtype:
+            raise ValueError("its model does not have the layout of this run's")
+        mine, theirs = self.state.schedule, loaded.schedule
+        if (theirs.period, theirs.updates) != (mine.period, mine.updates):
+            raise ValueError(f"its evaluation schedule (every {theirs.period!r} time units or {theirs.updates!r} "
+                             f"updates) is not this run's (every {mine.period!r} or {mine.updates!r})")
+        if theirs.step != len(loaded.history) or theirs.next_time != (theirs.step * theirs.period if theirs.step else 0.0):
+            raise ValueError(f"its evaluation step {theirs.step!r} (next at {theirs.next_time!r}) does not fit its "
+                             f"schedule and its {len(loaded.history)} evaluations")
+        if loaded.answered.shape != (loaded.manager.books.n,):
+            raise ValueError("its record of the workers heard from does not fit its workers")
+
+    def _check_history(self, loaded: RunState) -> None:
+        """The schedule and the history may not be ahead of (or far behind) the restored clock and books."""
+        now, version = self.manager.clock.now, self.manager.version
+        updates = loaded.schedule.updates
+        if updates is not None and not version < loaded.schedule.next_updates <= version + updates:
+            raise ValueError(f"its next evaluation is due after {loaded.schedule.next_updates!r} updates, which "
+                             f"its {version} updates and its schedule (every {updates}) cannot give")
+        if loaded.history and (loaded.history[-1].get("time", 0.0) > now
+                               or loaded.history[-1].get("updates", 0) > version):
+            raise ValueError(f"its last evaluation (at {loaded.history[-1].get('time')!r}) is after its clock's "
+                             f"time ({now!r}) or its updates")

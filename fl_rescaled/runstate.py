@@ -27,7 +27,7 @@ from .manager import ManagerState
 from .reporting import MetricWindow
 
 #: Bumped whenever the layout of a run's state changes: older checkpoints are refused by name.
-STATE_VERSION = 5
+STATE_VERSION = 6
 
 
 def budgets(time_budget: float | None, num_updates: int | None, eval_every: float | None,

@@ -7,8 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fl_rescaled.algorithm import Run
-from fl_rescaled.manager import Completion
+from fl_rescaled.algorithm import Completion, Run
 from fl_rescaled.stepsizes import RULES, Rule, TauTable
 
 from .base import AsyncStrategy

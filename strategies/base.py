@@ -19,10 +19,9 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from fl_rescaled.algorithm import Run
+from fl_rescaled.algorithm import Completion, Run
 from fl_rescaled.bounds import CLIP_FACTOR, OUTLIER_FACTOR, Chain, of_options
 from fl_rescaled.driver import Driver
-from fl_rescaled.manager import Completion
 from fl_rescaled.stepsizes import vanilla
 
 from .checks import check_common

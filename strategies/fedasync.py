@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fl_rescaled.algorithm import Run
-from fl_rescaled.manager import Completion
+from fl_rescaled.algorithm import Completion, Run
 from fl_rescaled.stepsizes import fedasync_staleness
 
 from .base import AsyncStrategy

@@ -9,8 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from fl_rescaled.algorithm import Run
-from fl_rescaled.manager import Completion
+from fl_rescaled.algorithm import Completion, Run
 from fl_rescaled.stepsizes import polynomial
 
 from .base import AsyncStrategy

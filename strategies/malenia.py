@@ -7,8 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from fl_rescaled.algorithm import Run
-from fl_rescaled.manager import Completion
+from fl_rescaled.algorithm import Completion, Run
 
 from .aggregate import average_of_means
 from .base import AsyncStrategy

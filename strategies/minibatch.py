@@ -6,8 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fl_rescaled.algorithm import Run
-from fl_rescaled.manager import Completion
+from fl_rescaled.algorithm import Completion, Run
 
 from .base import AsyncStrategy
 

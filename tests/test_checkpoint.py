@@ -79,7 +79,8 @@ def kill_time(strategy: str, every: float, budget: float) -> float:
 def checkpoint_time(ckpt: Path) -> float:
     """The clock time a run checkpoint was written at (its state, read as data)."""
     with zipfile.ZipFile(io.BytesIO(ckpt.read_bytes())) as zf:
-        return float(json.loads(zf.read("state.json"))["run"]["manager"]["clock_now"])
+        manager = json.loads(zf.read("state.json"))["run"]["manager"]
+    return float((manager["virtual"] or manager["wall"])["now"])
 
 
 def killed_then_resumed(args: list[str], folder: Path, every: float, at: float, budget: float
@@ -313,8 +314,8 @@ def test_a_run_with_estimated_delivery_periods_resumes_with_its_tau_table(tmp_pa
     manager = first.last_run.manager
     saved = load(Checkpointing(tmp_path / "run.ckpt", 50.0, "taus-test").covering(
         first, first.last_run.layout, 180.0, None), type(first.state)).manager
-    assert manager.periods_online and 50.0 <= saved.clock_now < 180.0
-    assert saved.taus != list(manager.taus.prior)  # (the table learned something before the checkpoint)
+    assert manager.source.periods_how and 50.0 <= saved.virtual.now < 180.0
+    assert saved.virtual.periods != list(manager.taus.prior)  # (the table learned something before the checkpoint)
     second, res2 = start(True)
     assert res2.arrays["w"].numpy().tobytes() == res1.arrays["w"].numpy().tobytes()
     assert list(second.last_run.manager.taus.taus) == list(manager.taus.taus)

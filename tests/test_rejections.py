@@ -242,7 +242,7 @@ def test_a_cancelled_replys_compute_time_is_clamped_to_what_the_server_saw(repor
     rep = Message(_metrics_reply(entries, config), reply_to=Message(RecordDict(), 1, "train"))
     src = WallSource(WallClock(0.5), transport=None, membership=None)  # (only its clock is used here)
     job = Job(0, 0, 0, 0, 0.0, pushed_at=time.monotonic() - 0.2)
-    spent = src.cancel_reply_time(job, rep)
+    spent = src.cancelled_reply(job, rep)
     assert 0.2 / 0.5 <= spent <= (time.monotonic() - job.pushed_at) / 0.5
 
 

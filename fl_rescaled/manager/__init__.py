@@ -1,16 +1,18 @@
 """The asynchronous client manager (``AsyncClientManager``) and its parts; see ``manager.py``."""
 
+from fl_rescaled.algorithm import Completion, Job
+
 from .books import Books, is_lost, outcome_of
-from .jobs import NODE_GONE, Completion, Job, zero_nonfinite_replicas
-from .manager import AsyncClientManager
-from .saved import ManagerState
+from .jobs import NODE_GONE, zero_nonfinite_replicas
+from .manager import AsyncClientManager, ManagerState
 from .membership import Membership, Roster
 from .observers import ManagerObserver, OnEvent
 from .selection import SELECTORS, IdleSelector, RoundRobin, SameWorker, Selector, UniformIdle
 from .settings import ManagerSettings
+from .source import CompletionSource
 from .transport import Transport
-from .virtual import VirtualSource
-from .wall import WallSource, reported_compute_time
+from .virtual import VirtualSource, VirtualState
+from .wall import WallSource, WallState, reported_compute_time
 
 __all__ = [
     "NODE_GONE",
@@ -19,6 +21,7 @@ __all__ = [
     "Books",
     "IdleSelector",
     "Completion",
+    "CompletionSource",
     "Job",
     "ManagerObserver",
     "ManagerSettings",
@@ -32,7 +35,9 @@ __all__ = [
     "Transport",
     "UniformIdle",
     "VirtualSource",
+    "VirtualState",
     "WallSource",
+    "WallState",
     "is_lost",
     "outcome_of",
     "reported_compute_time",

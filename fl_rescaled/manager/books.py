@@ -126,7 +126,8 @@ class Books:
                    strikes=np.zeros(n, np.int64))
 
     def check(self) -> None:
-        """Shapes, dtypes and signs of a books record read from a file."""
+        """Shapes, dtypes and signs of a books record read from a file; the updates add up to the
+        model's version, and every worker's jobs balance."""
         named = {"jobs_sent": self.jobs_sent, "in_flight": self.in_flight, "updates": self.updates,
                  "strikes": self.strikes,
                  **{f"outcomes[{k!r}]": v for k, v in self.outcomes.items()}}
@@ -144,8 +145,16 @@ class Books:
             if (key not in ("applied", "unused", "cancelled") and not key.startswith(("rejected.", "lost."))) \
                     or len(key) > 100:
                 raise ValueError(f"books: unknown outcome {key[:100]!r}")
-        if self.version < 0 or (self.jobs_sent < 0).any() or (self.strikes < 0).any() or any((v < 0).any() for v in self.outcomes.values()):
+        counts = (self.jobs_sent, self.in_flight, self.updates, self.strikes, *self.outcomes.values())
+        if self.version < 0 or any((c < 0).any() for c in counts):
             raise ValueError("books: negative counts")
+        if int(self.updates.sum()) != self.version:
+            raise ValueError(f"books: {self.version} updates applied, and the workers' updates add up to "
+                             f"{int(self.updates.sum())}")
+        try:
+            self.check_balance()
+        except AssertionError as exc:
+            raise ValueError(f"books: {exc}") from None
 
     # ------------------------------------------------------------------ writers
     def sent(self, worker: int) -> int:

@@ -4,9 +4,10 @@ A strategy (through the driver) asks the manager to ``send`` a job (the model of
 worker, or to ``send_next`` one to whichever worker the selection seam picks, and for the
 ``next_completion``. The manager composes:
 
-- a completion source chosen once, at construction, by the clock: ``VirtualSource`` (a heap of
-  finishing times on the virtual clock) or ``WallSource`` (arrivals, TTLs, nodes that come and go,
-  τ estimated online);
+- a completion source chosen once, at construction, by the clock (``CompletionSource``,
+  ``source.py``): ``VirtualSource`` (a heap of finishing times on the virtual clock) or
+  ``WallSource`` (arrivals, TTLs, nodes that come and go, τ estimated online). Every decision that
+  depends on the clock is the source's; the manager makes none;
 - ``Transport``: jobs out as Flower Messages, replies in, matched by ``reply_to_message_id``;
 - ``Membership``: which node is which worker;
 - ``Books``: the one writer of every job's outcome;
@@ -15,40 +16,60 @@ worker, or to ``send_next`` one to whichever worker the selection seam picks, an
 Here a validated reply becomes an update (``reply="model"``: the pseudo-gradient x_sent − y) and
 passes the strategy's bounds (``fl_rescaled.bounds``: a rejected outlier is a rejection like any
 other); a worker whose last ``SET_ASIDE_AFTER`` jobs all failed is set aside (``strike_out``); the
-manager's part of the run's state is read and written (``state``, ``resume``).
+manager's part of the run's state (``ManagerState``) is written (``state``) and, each part checking
+what it restores, read back (``resume``).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, Message
 
-from fl_rescaled.bounds import Chain
+from fl_rescaled.algorithm import Completion, Job
+from fl_rescaled.bounds import BoundState, Chain
 from fl_rescaled.clock import VirtualClock, WallClock
 from fl_rescaled.errors import RejectedReply, failure_text
 from fl_rescaled.grid_api import AsyncGrid
-from fl_rescaled.layout import ModelLayout, all_finite, read_reply
-from fl_rescaled.stepsizes import TauTable
+from fl_rescaled.layout import ModelLayout, all_finite, decode_array, read_reply
 
 from .books import DETAIL_LIMIT, Books, is_lost, is_strike, outcome_of
-from .jobs import NODE_GONE, Completion, Job, zero_nonfinite_replicas
-from .membership import Membership
+from .jobs import NODE_GONE, check_jobs, zero_nonfinite_replicas
+from .membership import Membership, Roster
 from .observers import ManagerObserver
 from .reputation import SET_ASIDE_AFTER, strike_out, suspect
-from .saved import ManagerState, restore, snapshot
-from .selection import Population
+from .selection import Population, PopulationState
 from .settings import ManagerSettings
+from .source import CompletionSource
 from .transport import Transport
-from .virtual import VirtualSource
-from .wall import WallSource
+from .virtual import VirtualSource, VirtualState
+from .wall import WallSource, WallState
 
 log = logging.getLogger("flwr.fl_rescaled")
 
 _LOST_DETAIL = {"ttl-expired": "no reply within the job's TTL", "offline": "its client went offline before it finished"}
+
+
+@dataclass
+class ManagerState:
+    """The manager's part of the run's state (``fl_rescaled.runstate``): the books, the roster, the
+    population, the update bounds, the jobs in flight with the models they carry, and the clock's
+    source's own part (``virtual`` or ``wall``, the other None)."""
+
+    books: Books
+    roster: Roster
+    active: list[bool]  # per worker: counted in the τ statistics (online and not set aside)
+    next_job_id: int
+    population: PopulationState
+    jobs: list[Job]  # in flight, in push order
+    models: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)  # version -> the model jobs carry
+    bounds: list[BoundState] = field(default_factory=list)  # the update bounds' states
+    virtual: VirtualState | None = None
+    wall: WallState | None = None
 
 
 class AsyncClientManager:
@@ -87,13 +108,11 @@ class AsyncClientManager:
         self.membership = Membership(grid, self.transport, ttl=ttl, node_refresh=settings.node_refresh)
         self.membership.has_jobs = lambda worker: bool(self.books.in_flight[worker])
         self.membership.on_online = self._set_active
-        self.source: VirtualSource | WallSource = (
+        self.source: CompletionSource = (  # (the one choice that depends on the clock)
             VirtualSource(clock, self.transport, self.membership, self.observers) if clock.virtual else
             WallSource(clock, self.transport, self.membership, tau_estimator=settings.tau_estimator,
                        tau_smoothing=settings.tau_smoothing, poll_interval=settings.poll_interval))
-        self.taus = self.compute_taus = TauTable(0)
-        self.population = Population(1, 1, 0, self.is_online, self._online_mask)
-        self.periods_online = ""  # virtual clock, C < N or availability: how p_i is estimated ("average"/"ema")
+        self.population = Population(1, 1, 0, self.is_online, self.source.online_mask)
         self._next_job_id = 0
         self._encoded: tuple[int, ArrayRecord] | None = None  # (version, encoded model)
         self.too_many_failing = ""  # why no more workers can be set aside (the run's failure checks stop it)
@@ -101,6 +120,10 @@ class AsyncClientManager:
     # ------------------------------------------------------------------ workers
     num_workers = property(lambda self: self.books.n)
     version = property(lambda self: self.books.version)
+    #: What the stepsize rules read as τ_i: each worker's mean time between deliveries (the source's).
+    taus = property(lambda self: self.source.taus)
+    #: Each worker's mean compute time τ_i (``taus`` itself when every worker is always busy).
+    compute_taus = property(lambda self: self.source.compute_taus)
 
     def connect(self, num_workers: int | None = None, timeout: float = 120.0, *, partition_query: bool = False,
                 weights: list[float] | None = None, min_nodes: int = 1) -> list[int]:
@@ -113,7 +136,7 @@ class AsyncClientManager:
         """
         order = self.membership.connect(num_workers, timeout, partition_query, min_nodes)
         self.books = Books.sized(len(order))
-        self.taus = self.compute_taus = self.source.tau_table(len(order), weights)
+        self.source.tables(len(order), weights)
         return order
 
     def populate(self, concurrency: int | None, seed: int, weights: list[float] | None = None,
@@ -128,25 +151,14 @@ class AsyncClientManager:
         p_i = τ_i exactly, and ``taus`` is ``compute_taus``."""
         n = self.num_workers
         self.population = Population(n, n if concurrency is None else concurrency, seed, self.is_online,
-                                     self._online_mask, selection)
-        if self.source.virtual and (self.population.sampled or self.clock.availability is not None):
-            self.taus, self.periods_online = self.population.periods(self.clock, weights)
-            self.source.last_delivery = np.zeros(n)
-        if self.source.virtual and not self.population.sampled:  # every worker busy whenever online:
-            self.source.returns(np.flatnonzero(~self._online_mask(np.arange(n))))  # the offline join when they come
+                                     self.source.online_mask, selection)
+        self.source.populate(self.population, weights, self.tau_smoothing)
 
     def online_workers(self) -> list[int]:
-        if self.source.virtual and self.clock.availability is not None:
-            return np.flatnonzero(self._online_mask(np.arange(self.num_workers))).tolist()
-        return self.membership.online_workers()
+        return self.source.online_workers()
 
-    def is_online(self, worker: int) -> bool:  # (virtual clock: by its availability, unless set aside)
-        roster = self.membership.roster.online
-        return bool(roster[worker]) and (not self.source.virtual or self.source.online(worker))
-
-    def _online_mask(self, workers: np.ndarray) -> np.ndarray:
-        roster = self.membership.roster.online[workers]
-        return self.source.online_mask(workers) & roster if self.source.virtual else roster
+    def is_online(self, worker: int) -> bool:
+        return self.source.is_online(worker)
 
     def _set_active(self, worker: int, active: bool) -> None:
         """A worker counts in the τ statistics (both tables) only while online and not set aside."""
@@ -171,23 +183,19 @@ class AsyncClientManager:
         when one is (``refill``)."""
         worker = self.population.next_worker(after)
         if worker is None:
-            if self.population.sampled and self.source.virtual:
-                self.source.park(self.population.idle_workers())
-            elif self.source.virtual and after is not None:  # C = N: its job ended as it went offline
-                self.source.returns(np.array([after]))  # (it gets work when it comes back)
+            self.source.no_worker(self.population, after)
             return None
         return self.send(worker, model, version, config, carried)
 
     @property
     def waiting(self) -> bool:
         """Workers came back (``joined``), or slots that waited for one can be filled now."""
-        return bool(self.membership.joined) or (self.source.virtual and self.source.woken > 0)
+        return bool(self.membership.joined) or self.source.woken > 0
 
     def refill(self, model: np.ndarray, version: int, config: dict | None = None,
                carried: dict[str, np.ndarray] | None = None) -> None:
         """Fill the slots that waited for a worker to come online (C < N)."""
-        if self.source.virtual:
-            self.source.woken = 0
+        self.source.take_woken()
         for _ in range(self.population.take_parked()):
             self.send_next(None, model, version, config, carried)
 
@@ -241,10 +249,9 @@ class AsyncClientManager:
 
     def _cancelled_reply(self, job: Job, rep: Message) -> None:
         """The reply of a cancelled job came (wall clock): its compute time is wasted work."""
-        if isinstance(self.source, WallSource):
-            spent = self.source.cancel_reply_time(job, rep)
-            self.books.busy_done[job.worker] += spent
-            self.books.wasted[job.worker] += spent
+        spent = self.source.cancelled_reply(job, rep)
+        self.books.busy_done[job.worker] += spent
+        self.books.wasted[job.worker] += spent
 
     def _if_idle(self, worker: int) -> None:
         if not self.books.in_flight[worker]:
@@ -292,16 +299,13 @@ class AsyncClientManager:
                             job.job_id, self.membership.name(w), comp.rejected,
                             failure_text(comp.rejected, comp.detail, 300))
         if comp.ok:
-            self.books.busy_done[w] += self.source.accepted(job, comp.metrics)
             self.books.ended(w, "applied")
-            if self.periods_online:
-                self.source.delivered(w, t, self.taus, self.periods_online, self.tau_smoothing,
-                                      int(self.books.outcomes["applied"][w]))
+            self.books.busy_done[w] += self.source.accepted(job, comp.metrics, t,
+                                                            int(self.books.outcomes["applied"][w]))
             if self.bound is not None:
                 suspect(self, w)
         else:
-            if self.source.virtual:
-                self.books.busy_done[w] += self.source.work(job, t)
+            self.books.busy_done[w] += self.source.failed(job, t)
             if comp.rejected in NODE_GONE:
                 self.source.node_gone(job)
             outcome = outcome_of(comp.rejected)
@@ -347,9 +351,46 @@ class AsyncClientManager:
     # ------------------------------------------------------------------ the run's state
     def state(self) -> ManagerState:
         """The manager's part of the run's state (a snapshot to write; nothing is copied)."""
-        return snapshot(self)
+        jobs = list(self.transport.inflight.values())
+        models: dict[int, dict[str, np.ndarray]] = {}
+        for job in jobs:
+            if job.version not in models and job.model is not None:
+                models[job.version] = {k: np.array(decode_array(a)) for k, a in job.model.items()}
+        return ManagerState(books=self.books, roster=self.membership.roster,
+                            active=[bool(a) for a in self.taus.active], next_job_id=self._next_job_id,
+                            population=self.population.state(), jobs=jobs, models=models, bounds=self.bound_state,
+                            **self.source.snapshot())
 
     def resume(self, state: ManagerState, concurrency: int | None, seed: int, weights: list[float] | None,
-               timeout: float, selection: str = "uniform") -> int:
-        """Go on from ``state`` (``saved.restore``); returns how many jobs in flight were lost."""
-        return restore(self, state, concurrency, seed, weights, timeout, selection)
+               selection: str = "uniform") -> list[int]:
+        """Go on from ``state`` (read from a checkpoint, on this manager's Grid and clock); each part
+        checks what it restores (ValueError, one line, before anything runs). The clock's source
+        says what becomes of the jobs that were in flight: sent again as they were (virtual clock:
+        the run goes on as if it had never stopped), or lost (wall clock: the nodes may have
+        answered a server that no longer exists; they are booked ``lost.resumed``). Returns the
+        workers that need jobs now: none, or (wall clock) every worker online."""
+        books, n = state.books, state.books.n
+        if len(state.roster.node_ids) != n or len(state.active) != n:
+            raise ValueError("the checkpoint's books and roster disagree on the number of workers")
+        if self.bound is not None:
+            self.bound.check(state.bounds)
+        elif state.bounds:
+            raise ValueError("the checkpoint has update bounds and this run has none")
+        records = {v: self.layout.record_of(arrays, f"the checkpoint's model of version {v}")
+                   for v, arrays in state.models.items()}
+        check_jobs(state.jobs, books, state.next_job_id, set(records))
+        self.books, self.bound_state = books, state.bounds
+        self.membership.use(state.roster)
+        self.source.tables(n, weights)
+        self.populate(concurrency, seed, weights, selection)
+        self.population.restore(state.population, books.in_flight == 0)
+        self._next_job_id = state.next_job_id
+        for job in state.jobs:
+            job.model = records[job.version]
+        lost, needs_jobs = self.source.restore(state, self.population)
+        for worker, active in enumerate(state.active):
+            self._set_active(worker, active)  # (a worker set aside stays aside)
+        for job in lost:  # (not pushed again)
+            self.books.ended(job.worker, "lost.resumed", "the server restarted")
+            self._if_idle(job.worker)
+        return needs_jobs

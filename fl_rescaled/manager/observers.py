@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .jobs import Completion, Job
+from fl_rescaled.algorithm import Completion, Job
 
 
 class ManagerObserver:

@@ -29,9 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from fl_rescaled.algorithm import Completion
 from fl_rescaled.errors import failure_text
-
-from .jobs import Completion
 
 #: A worker whose last this many jobs all failed (``books.is_strike``: rejected, or lost by the
 #: client's fault) is set aside (``strike_out``).
@@ -52,18 +51,28 @@ def strike_out(m: Any, worker: int, comp: Completion) -> None:
     strikes = int(m.books.strikes[worker])
     failing = np.flatnonzero((m.books.strikes >= SET_ASIDE_AFTER) | m.membership.aside_mask())
     last = f"{comp.rejected}: {failure_text(comp.rejected, comp.detail, 200)}"
-    if 2 * failing.size > m.num_workers:
+    if not may_be_aside(failing.size, m.num_workers):
         names = ", ".join(m.membership.name(int(i)) for i in failing[:10]) + " ..." * (failing.size > 10)
         m.too_many_failing = (f"{failing.size} of {m.num_workers} clients failed {SET_ASIDE_AFTER} times "
                               f"or more in a row ({names}; {m.membership.name(worker)}'s last: {last}), "
                               "and at most half the workers may be set aside")
         return
-    if m.source.virtual:
-        m.membership.set_aside(worker, f"its last {strikes} jobs failed (the last: {last}); for good", math.inf)
-        return
-    seconds = SET_ASIDE_SECONDS * 2.0 ** min(strikes - SET_ASIDE_AFTER, 10)
-    m.membership.set_aside(worker, f"its last {strikes} jobs failed (the last: {last}); no jobs for "
-                                   f"{seconds:g} s unless it comes back on a new node", seconds)
+    seconds = m.source.aside_seconds(strikes)
+    how_long = "for good" if math.isinf(seconds) else \
+        f"no jobs for {seconds:g} s unless it comes back on a new node"
+    m.membership.set_aside(worker, f"its last {strikes} jobs failed (the last: {last}); {how_long}", seconds)
+
+
+def backoff_seconds(strikes: int) -> float:
+    """How long a failing client of a deployment is set aside: ``SET_ASIDE_SECONDS``, doubled for
+    every failure beyond ``SET_ASIDE_AFTER`` (at most 2^10 times)."""
+    return SET_ASIDE_SECONDS * 2.0 ** min(strikes - SET_ASIDE_AFTER, 10)
+
+
+def may_be_aside(count: int, n: int) -> bool:
+    """Whether ``count`` of ``n`` workers may be set aside at once: at most half (beyond that the
+    run's failure checks stop the run; a majority cannot be told from the honest clients)."""
+    return 2 * count <= n
 
 
 def suspect(m: Any, worker: int) -> None:
@@ -74,7 +83,7 @@ def suspect(m: Any, worker: int) -> None:
     if judged < SUSPECT_AFTER or ratio <= SUSPECT_RATIO or m.membership.is_aside(worker):
         return
     failing = (m.books.strikes >= SET_ASIDE_AFTER) | m.membership.aside_mask()
-    if 2 * (int(failing.sum()) + 1) > m.num_workers:
+    if not may_be_aside(int(failing.sum()) + 1, m.num_workers):
         return
     m.membership.set_aside(worker, f"its updates were {ratio:.3g}× the median of the other workers' (a moving "
                                    f"geometric mean; {judged} judged, each clipped to clip_factor × that median); "

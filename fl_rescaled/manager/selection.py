@@ -100,7 +100,8 @@ class IdlePool:
         if self.items.shape != (n,) or not 0 <= self.size <= n:
             raise ValueError("idle pool: sizes do not match")
         members = self.items[: self.size]
-        if (members < 0).any() or (members >= n).any() or (self.pos[members] != np.arange(self.size)).any():
+        if (members < 0).any() or (members >= n).any() or (self.pos[members] != np.arange(self.size)).any() \
+                or int((self.pos >= 0).sum()) != self.size:
             raise ValueError("idle pool: positions do not match")
 
 
@@ -304,15 +305,26 @@ class Population:
             return PopulationState(self.concurrency, self.parked, sel.pool, sel.rng, self.selection, sel.arrays())
         return PopulationState(self.concurrency, self.parked, selection=self.selection)
 
-    def restore(self, state: PopulationState) -> None:
+    def restore(self, state: PopulationState, idle: np.ndarray) -> None:
+        """Go on from ``state``, checked: this run's C and selection, at most C slots waiting (none
+        when every worker is always busy), and (C < N) an idle pool of exactly the workers with no
+        job in flight (``idle``, from the books)."""
         if state.concurrency != self.concurrency:
             raise ValueError(f"the checkpoint's concurrency is {state.concurrency}, this run's {self.concurrency}")
         if state.selection != self.selection:
             raise ValueError(f"the checkpoint's selection is {state.selection!r}, this run's {self.selection!r}")
+        if not 0 <= state.parked <= (self.concurrency if self.sampled else 0):
+            raise ValueError(f"{state.parked} slots wait for a worker, with {self.concurrency} slots "
+                             f"{'' if self.sampled else 'that never wait'}".rstrip())
         self.parked = state.parked
         sel = self.selector
         if isinstance(sel, IdleSelector):
             if state.pool is None or state.rng is None or len(state.pool.pos) != self.n:
                 raise ValueError("the checkpoint's idle pool does not fit this run")
+            members = np.zeros(self.n, bool)
+            members[state.pool.items[: state.pool.size]] = True
+            if (members != idle).any():
+                raise ValueError(f"the idle pool lists {state.pool.size} workers, and {int(idle.sum())} have "
+                                 "no job in flight")
             sel.pool, sel.rng = state.pool, state.rng
             sel.restore_arrays(state.arrays)

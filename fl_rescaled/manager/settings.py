@@ -3,7 +3,7 @@ run config and ``start(..., settings=...)`` all read them from here."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from fl_rescaled.settings import of_dataclass, setting
@@ -30,7 +30,3 @@ class ManagerSettings:
     def __post_init__(self) -> None:
         for s in of_dataclass(ManagerSettings, "manager"):
             s.check(getattr(self, s.name))
-
-    def keywords(self) -> dict[str, Any]:
-        """The settings as ``AsyncClientManager``'s keyword arguments."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -26,11 +26,10 @@ from collections.abc import Callable
 
 from flwr.app import Message
 
+from fl_rescaled.algorithm import Job
 from fl_rescaled.grid_api import AsyncGrid, collect_replies, seconds
 from fl_rescaled.matching import from_node
 from fl_rescaled.messages import JOB_TYPE, job_content
-
-from .jobs import Job
 
 log = logging.getLogger("flwr.fl_rescaled")
 

@@ -8,6 +8,11 @@ exponential moving average (initialised by the first measurement) of the time be
 deliveries (``interval``) or of its reported compute time (``compute``). A client's report is never
 trusted beyond what the server saw: it is clamped to the time from the job's dispatch to its reply.
 
+The source owns what the wall clock decides: who is online (the nodes the Grid lists), the τ
+estimates, what a failed job cost (nothing measurable), how long a failing client is set aside
+(``reputation.backoff_seconds``), when the budget starts (at the first reply), and its part of a
+checkpoint (``WallState``: the time and the estimates), checked when a run resumes (``restore``).
+
 Nothing is waited for in silence: every ``grid_api.WAIT_NOTICE_EVERY`` seconds (a minute) in which
 no job finished, a warning says how many jobs are in flight, the oldest one's age and node, and when
 its TTL books it lost (or, with no job in flight, that the run waits for nodes to come back).
@@ -19,18 +24,21 @@ import logging
 import math
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from flwr.app import Message
 
+from fl_rescaled.algorithm import Job
 from fl_rescaled.clock import WallClock
 from fl_rescaled.grid_api import Quiet, seconds
 from fl_rescaled.messages import reply_metrics
 from fl_rescaled.stepsizes import TauTable
 
-from .jobs import Job
 from .membership import Membership
+from .reputation import backoff_seconds
+from .selection import Population
 from .transport import Transport
 
 TAU_ESTIMATORS = ("interval", "compute")
@@ -48,8 +56,19 @@ def reported_compute_time(metrics: dict[str, Any], observed: float) -> float:
     return observed
 
 
+@dataclass
+class WallState:
+    """The wall clock's part of a checkpoint: the time, and each worker's τ estimate (NaN: none yet)."""
+
+    now: float
+    taus: list[float]
+
+
 class WallSource:
+    """The completion source of the wall clock (see the module docstring)."""
+
     virtual = False
+    woken = 0  # (no slot waits for a clock event here: nodes come back by themselves)
 
     def __init__(self, clock: WallClock, transport: Transport, membership: Membership, *,
                  tau_estimator: str = "interval", tau_smoothing: float = 0.2, poll_interval: float = 0.002) -> None:
@@ -65,11 +84,51 @@ class WallSource:
         self.last_delivery = np.zeros(0)  # per worker: time.monotonic() of its last accepted reply
         self.quiet: Quiet | None = None  # since the last completion handed over (None: none awaited yet)
 
-    def tau_table(self, num_workers: int, weights: Sequence[float] | None) -> TauTable:
+    # ------------------------------------------------------------------ workers and their tables
+    def tables(self, num_workers: int, weights: Sequence[float] | None) -> None:
         """Estimates that start unknown and come in with the deliveries."""
         self.last_delivery = np.full(num_workers, math.nan)
         self.taus = TauTable(num_workers, None, weights)
+
+    @property
+    def compute_taus(self) -> TauTable:
+        """(One table: the time between a worker's deliveries, or its reported compute time.)"""
         return self.taus
+
+    def populate(self, population: Population, weights: Sequence[float] | None, smoothing: float) -> None:
+        """(The estimates are the same whatever C: every worker is measured as it delivers.)"""
+        del population, weights, smoothing
+
+    def is_online(self, worker: int) -> bool:
+        return bool(self.membership.roster.online[worker])
+
+    def online_mask(self, workers: np.ndarray) -> np.ndarray:
+        return self.membership.roster.online[workers]
+
+    def online_workers(self) -> list[int]:
+        return self.membership.online_workers()
+
+    @staticmethod
+    def all_online() -> bool:
+        """(Nodes may leave at any time.)"""
+        return False
+
+    @staticmethod
+    def aside_seconds(strikes: int) -> float:
+        """A failing client is set aside for a while (``reputation.backoff_seconds``): a device may recover."""
+        return backoff_seconds(strikes)
+
+    def start(self) -> None:
+        """The budget counts from the first reply (a node is ready), not from the runtime's start-up."""
+        self.clock.hold()
+
+    def no_worker(self, population: Population, after: int | None) -> None:
+        """(Nodes come back by themselves: the membership says when.)"""
+        del population, after
+
+    @staticmethod
+    def take_woken() -> int:
+        return 0
 
     def dispatched(self, job: Job) -> None:
         job.start_time = self.clock.now  # (0 for the jobs sent before the first reply)
@@ -128,8 +187,15 @@ class WallSource:
         observed = max(time.monotonic() - job.pushed_at, 1e-9)
         return reported_compute_time(metrics, observed) / self.clock.time_unit
 
-    def accepted(self, job: Job, metrics: dict[str, Any]) -> float:
+    @staticmethod
+    def failed(job: Job, t: float) -> float:
+        """(A failed job's compute time is not known: nothing is booked.)"""
+        del job, t
+        return 0.0
+
+    def accepted(self, job: Job, metrics: dict[str, Any], t: float, count: int) -> float:
         """An accepted reply: update its worker's τ estimate; returns its compute time."""
+        del t, count
         now = time.monotonic()
         compute = self.compute_time(job, metrics)
         job.finish_time = job.start_time + compute
@@ -149,9 +215,9 @@ class WallSource:
         """A remote job cannot be stopped, only ignored: the compute time of its reply if it has
         already come, else None (its reply, if it comes, is booked as wasted work then)."""
         rep = self.transport.cancel(job)
-        return None if rep is None else self.cancel_reply_time(job, rep)
+        return None if rep is None else self.cancelled_reply(job, rep)
 
-    def cancel_reply_time(self, job: Job, rep: Message) -> float:
+    def cancelled_reply(self, job: Job, rep: Message) -> float:
         """The compute time of a cancelled job's reply (validated and clamped like any other)."""
         return self.compute_time(job, reply_metrics(rep.content) if rep.has_content() else {})
 
@@ -166,10 +232,30 @@ class WallSource:
         del t
         return done
 
-    def resume(self, timeout: float) -> list[Job]:
-        """After a checkpoint was read: the jobs that were in flight are forgotten (the nodes may have
-        answered a server that no longer exists; the caller books them as lost) and the nodes are
-        found again. The clock goes on from the checkpoint's time."""
-        jobs = self.transport.forget_inflight()
-        self.membership.rediscover(timeout)
-        return jobs
+    # ------------------------------------------------------------------ the checkpoint
+    def snapshot(self) -> dict[str, WallState]:
+        """This source's part of the manager's state."""
+        return {"wall": WallState(float(self.clock.now), list(self.taus.taus))}
+
+    def restore(self, saved: Any, population: Population) -> tuple[list[Job], list[int]]:
+        """Go on from the manager's ``saved`` state (its part ``saved.wall``, checked first): the jobs
+        that were in flight are lost (the nodes may have answered a server that no longer exists; the
+        caller books them), the nodes are found again, the τ estimates go on, and the clock goes on
+        from the checkpoint's time. Returns the lost jobs and the workers online, which need jobs."""
+        del population
+        state = saved.wall
+        if state is None:
+            raise ValueError("the checkpoint was written on the virtual clock, and this run is on the wall clock")
+        n = len(self.taus.taus)
+        if not (math.isfinite(state.now) and state.now >= 0):
+            raise ValueError(f"its clock reads {state.now!r}")
+        estimates = np.asarray(state.taus, np.float64)
+        known = estimates[~np.isnan(estimates)]
+        if estimates.shape != (n,) or not np.isfinite(known).all() or (known <= 0).any():
+            raise ValueError("its τ estimates are not one positive number (or none yet) per worker")
+        for worker, tau in enumerate(state.taus):
+            if tau == tau:
+                self.taus.update(worker, float(tau))
+        self.clock.restart(state.now)
+        self.membership.rediscover(min(self.transport.ttl, 300.0))
+        return list(saved.jobs), self.online_workers()
