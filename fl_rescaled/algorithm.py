@@ -99,6 +99,11 @@ class Run(Protocol):
         compute time when every worker is always busy, C = n)."""
 
     @property
+    def strategy_state(self) -> Any:
+        """The algorithm's own state (its ``State``): what its ``init_state`` returned at the start,
+        or what a checkpoint restored. The algorithm changes it in place."""
+
+    @property
     def compute_taus(self) -> TauTable:
         """Each worker's mean compute time τ_i (the same table as ``taus`` when C = n)."""
 

@@ -36,7 +36,7 @@ from .layout import ModelLayout
 from .manager import AsyncClientManager, Completion, Job, ManagerObserver, ManagerSettings
 from .metrics import ProgressBar
 from .reporting import (AsyncResult, EvaluateFn, Evaluations, FederatedEvaluation, MetricWindow, all_rejected,
-                        no_update, rejected_lines, report_result)
+                        log_end, log_start, no_update, rejected_lines, report_result)
 from .runstate import Checkpointing, EvalSchedule, RunState, budgets, load, save
 from .stepsizes import TauTable
 
@@ -61,6 +61,10 @@ class RunAPI:
     @property
     def version(self) -> int:
         return self.manager.books.version
+
+    @property
+    def strategy_state(self) -> Any:
+        return self.state.algorithm
 
     @property
     def virtual(self) -> bool:
@@ -203,8 +207,12 @@ class Driver(RunAPI):
 
     # ---------------------------------------------------------------- the run
     def run(self) -> AsyncResult:
-        """Start (or resume), loop until a budget is spent, and return Flower's ``Result``."""
+        """Start (or resume), loop until a budget is spent, and return Flower's ``Result`` (the log
+        says what runs, as Flower's strategies' do, and how it ended). The driver keeps the run
+        (its manager, books and state) readable after it."""
         strategy, manager, state = self.strategy, self.manager, self.state
+        log_start(type(strategy).__name__, self.layout, self.budget if self.by_time else None, self.max_updates)
+        strategy.summary()
         wall0 = time.perf_counter()
         if self.plan is not None and self.plan.resume:
             self._resume()
@@ -218,7 +226,7 @@ class Driver(RunAPI):
                 log.warning("workers are numbered by node id (%d nodes); a ClientApp with "
                             "fl_rescaled.add_partition_query numbers them by partition-id", manager.num_workers)
             state.answered = np.zeros(manager.num_workers, bool)
-            state.algorithm = strategy.state = strategy.init_state(self)
+            state.algorithm = strategy.init_state(self)
             manager.source.start()  # (the wall clock's budget counts from the first reply: a node is ready)
             self._plan_checkpoints()
             wall0 = time.perf_counter()
@@ -238,6 +246,7 @@ class Driver(RunAPI):
         except AssertionError as exc:
             raise RunFailed(str(exc), manager.books_totals()) from None
         report_result(result)
+        log_end(result, self.wall_seconds)
         return result
 
     def _result(self, x: np.ndarray, carried: dict[str, np.ndarray]) -> AsyncResult:
@@ -270,12 +279,47 @@ class Driver(RunAPI):
         raise RunFailed(diverged(why, self.manager, watched.best_step, watched.best_loss),
                         self.manager.books_totals(), result)
 
+    def update(self) -> Completion | None:
+        """One update, in the order it happens: the plan of every update of every strategy.
+
+        1. match: the next job to end, in the clock's order, with the reply that answers it
+           (``AsyncClientManager.next_ended``: the completion source, the transport);
+        2. validate: the reply's arrays and metrics against the model (``validate``: ``layout``);
+        3. bound: the update through the strategy's bounds (``apply_bounds``: ``bounds``, ``peer_bounds``);
+        4. book: its outcome and compute time, its worker's reputation (``book``: ``books``,
+           ``reputation``); then the evaluation points before it, which see the model as it was;
+        5. step: the algorithm takes γ from its rule and applies x ← x − γ g (``on_completion``,
+           ``apply``), or, for a rejected reply, leaves the model as it is (``on_rejected``);
+        6. next job: the algorithm asks for the next job (``send_next``: the selection, the transport).
+
+        Returns the completion, or None when no job ends before the budget, or workers came back
+        (the caller gives them jobs).
+        """
+        manager = self.manager
+        ended = manager.next_ended(self.budget)  # 1. match
+        if ended is None:
+            return None
+        comp, reply = ended
+        if reply is not None:
+            manager.validate(comp, reply)  # 2. validate
+            manager.apply_bounds(comp)  # 3. bound
+        manager.book(comp)  # 4. book
+        self._evaluate_before(comp.time, ended=False)
+        self.handle(comp)  # 5. step and 6. next job (the algorithm's)
+        return comp
+
+    def _evaluate_before(self, t: float, ended: bool) -> None:
+        """Evaluation points strictly before an event at ``t`` see the model as it was; an event at
+        exactly an evaluation time is applied first (the model "at time t" includes it). When the
+        run has ``ended``, every point up to the budget."""
+        schedule, budget = self.state.schedule, self.budget
+        while schedule.next_time < min(t, budget) - 1e-12 or (ended and schedule.next_time <= budget * (1 + 1e-12)):
+            self.evaluate(schedule.next_time)
+
     def _loop(self) -> None:
         manager, schedule, budget = self.manager, self.state.schedule, self.budget
-        t = 0.0
-        comp = None
         while True:
-            comp = manager.next_completion(budget)
+            comp = self.update()
             if comp is None and manager.waiting:  # workers came back, or slots waited for them
                 joined = manager.pop_joined()
                 if manager.population.sampled:
@@ -284,37 +328,33 @@ class Driver(RunAPI):
                     for worker in joined:
                         self.strategy.on_joined(self, worker)
                 continue
-            t = comp.time if comp is not None else (budget if math.isfinite(budget) else manager.clock.now)
-            # Evaluation points strictly before this event see the model as it was; an event at
-            # exactly an evaluation time is applied first (the model "at time t" includes it).
-            while schedule.next_time < min(t, budget) - 1e-12 or (comp is None and schedule.next_time <= budget * (1 + 1e-12)):
-                self.evaluate(schedule.next_time)
             if comp is None:
+                t_end = budget if math.isfinite(budget) else manager.clock.now
+                self._evaluate_before(t_end, ended=True)
                 if math.isinf(budget):
                     raise RunFailed("no job is in flight and no update budget is left to reach: the run "
                                     f"stopped after {manager.version} of {self.max_updates} updates",
                                     manager.books_totals())
                 break
-            self.handle(comp, t)
+            t_end = comp.time  # (the time of the last update)
             if schedule.updates is not None and manager.version >= schedule.next_updates:
                 self.evaluate(comp.time)
             if self.max_updates is not None and manager.version >= self.max_updates:
                 break
             if manager.clock.now >= self.next_checkpoint:
                 self.save_checkpoint()
-        t_end = t if comp is None else comp.time  # the budget, or the time of the last update
         history = self.state.history
         last = history[-1] if history else None
         if last is None or last["time"] < t_end - 1e-9 * max(1.0, abs(t_end)) or last["updates"] != manager.version:
             self.evaluate(t_end)
         self.evaluations.drain(self.state, block=True)
 
-    def handle(self, comp: Completion, t: float) -> None:
+    def handle(self, comp: Completion) -> None:
         """One completion: the window of reply metrics, the algorithm, the failure checks."""
         strategy, state = self.strategy, self.state
         if comp.ok:
             if "nonfinite-replicas" in comp.metrics:
-                freeze(state, comp.metrics["nonfinite-replicas"], t)
+                freeze(state, comp.metrics["nonfinite-replicas"], comp.time)
             state.window.add(comp.metrics)
             if comp.carried and strategy.reply == "model":
                 state.carried.update(comp.carried)
@@ -329,7 +369,7 @@ class Driver(RunAPI):
         manager, state = self.manager, self.state
         ids = manager.membership.roster.node_ids
         self.evaluations.point(state, t, manager.summary(t), lambda: self.layout.to_record(state.x, state.carried),
-                               lambda: [ids[w] for w in manager.online_workers()], self.strategy.stored_vectors(),
+                               lambda: [ids[w] for w in manager.online_workers()], self.strategy.stored_vectors(self.state.algorithm),
                                self.by_time)
 
     # ---------------------------------------------------------------- checkpoints
@@ -357,7 +397,7 @@ class Driver(RunAPI):
         clock's source says what happens to the jobs that were in flight."""
         assert self.plan is not None
         strategy, manager = self.strategy, self.manager
-        loaded = load(self.plan, type(strategy.state))
+        loaded = load(self.plan, strategy.State)
         saved = loaded.manager
         assert saved is not None
         try:
@@ -371,7 +411,6 @@ class Driver(RunAPI):
         lost = len(saved.jobs) - len(manager.transport.inflight)
         loaded.manager = None
         self.state = loaded
-        strategy.state = loaded.algorithm
         self._plan_checkpoints()
         for worker in needs_jobs:
             strategy.on_joined(self, worker)

@@ -28,6 +28,7 @@ from .clients.client_app import app as client_app
 from .availability import availability
 from .clock import Clock, VirtualClock, WallClock, tau_stats
 from .delays import compute_times
+from .driver import Driver
 from .grid import InProcessGrid
 from .layout import decode_array
 from .manager import ManagerObserver
@@ -120,10 +121,9 @@ def run(spec: RunSpec, grid: Grid | None = None, *, clock: Clock | None = None,
         task.prepare()
     strategy = make_strategy(spec)
     timeline = Timeline.sampled(spec.num_clients, seed=spec.seed)
-    wall = _start(spec, cfg, task, strategy, task.initial_params(spec.seed, spec.quad_x0), grid, clock,
-                  [*(observers or []), timeline], divergence=divergence)
-    _in_gradient_units(spec, strategy)
-    driver = strategy.last_run
+    driver, wall = _start(spec, cfg, task, strategy, task.initial_params(spec.seed, spec.quad_x0), grid, clock,
+                          [*(observers or []), timeline], divergence=divergence)
+    _in_gradient_units(spec, driver)
     params = driver.state.x.copy()
     out = _outcome(spec, driver, driver.state.history, params, wall, task)
     out["staleness"] = timeline.staleness()
@@ -167,8 +167,7 @@ def run_batch(spec: RunSpec, lrs: list[float], seeds: list[int]) -> list[dict[st
     task = get_task(cfg)
     task.prepare()  # the data, before the run starts (DataUnavailable)
     strategy = make_strategy(dataclasses.replace(spec, lr=1.0))  # (every rule is linear in α)
-    wall = _start(spec, cfg, task, strategy, task.initial_params(), replicas=[float(a) for a in lrs])
-    driver = strategy.last_run
+    driver, wall = _start(spec, cfg, task, strategy, task.initial_params(), replicas=[float(a) for a in lrs])
     R, P = len(lrs), task.base.size
     n = spec.num_clients or task.num_workers
     params = driver.state.x.reshape(R, P).copy()
@@ -199,9 +198,9 @@ def run_batch(spec: RunSpec, lrs: list[float], seeds: list[int]) -> list[dict[st
 def _start(spec: RunSpec, cfg: dict[str, Any], task, strategy: AsyncStrategy, x0: np.ndarray,
            grid: Grid | None = None, clock: Clock | None = None,
            observers: list[ManagerObserver] | None = None, replicas: list[float] | None = None,
-           divergence: Divergence | None = Divergence()) -> float:
+           divergence: Divergence | None = Divergence()) -> tuple[Driver, float]:
     """Build the grid and clock the spec asks for (unless given), run the strategy's loop on them;
-    return the wall seconds the loop took."""
+    return the finished run's driver and the wall seconds the loop took."""
     if spec.task == "mnist":
         _set_torch_threads(spec.torch_threads)
     if grid is None:
@@ -221,9 +220,10 @@ def _start(spec: RunSpec, cfg: dict[str, Any], task, strategy: AsyncStrategy, x0
         settings = dataclasses.replace(settings, worker_config=[{"tau": float(t)} for t in spec.taus])
     wall0 = time.perf_counter()
     with _quiet_strategy_log():
-        strategy.start(
-            grid=grid,
-            initial_arrays=ArrayRecord({"model": Array(x0)}),
+        driver = Driver(
+            strategy,
+            grid,
+            ArrayRecord({"model": Array(x0)}),
             time_budget=spec.budget,
             train_config=train_config,
             timeout=spec.ttl,
@@ -240,7 +240,8 @@ def _start(spec: RunSpec, cfg: dict[str, Any], task, strategy: AsyncStrategy, x0
             checkpoint=_checkpointing(spec),
             divergence=divergence,
         )
-    return time.perf_counter() - wall0
+        driver.run()
+    return driver, time.perf_counter() - wall0
 
 
 def virtual_clock(spec: RunSpec) -> VirtualClock:
@@ -294,14 +295,13 @@ def _quiet_strategy_log() -> Iterator[None]:
         logger.setLevel(saved)
 
 
-def _in_gradient_units(spec: RunSpec, strategy: AsyncStrategy) -> None:
+def _in_gradient_units(spec: RunSpec, driver: Driver) -> None:
     """Model replies: a pseudo-gradient is about η · H gradients, so the books' cumulative stepsize
     (the server's multipliers) is scaled by η · H to compare with the gradient methods'."""
-    local = local_training(spec, strategy)
+    local = local_training(spec, driver.strategy)
     if not local:
         return
     scale = local["local-lr"] * local["local-steps"]
-    driver = strategy.last_run
     driver.manager.books.stepsize_sum *= scale
     for row in driver.state.history:
         row["cumulative_stepsize"] *= scale
@@ -316,7 +316,7 @@ def _outcome(spec: RunSpec, driver, history: list[dict[str, Any]], params: np.nd
     out: dict[str, Any] = {
         "strategy": spec.strategy,
         "task": spec.task,
-        "lr": float(getattr(driver.strategy.state, "alpha", driver.strategy.lr)),
+        "lr": float(getattr(driver.state.algorithm, "alpha", driver.strategy.lr)),
         "budget": spec.budget,
         "seed": spec.seed,
         "delays": spec.delays,

@@ -67,7 +67,7 @@ class ASGD(AsyncStrategy):
         return self.rule(1.0, worker, self.table(run), taus.expected_delay(worker)) / taus.period(worker)
 
     def on_completion(self, run: Run, comp: Completion) -> None:
-        run.apply(comp.worker, comp.update, self.rule(self.state.alpha, comp.worker, self.table(run), comp.delay))
+        run.apply(comp.worker, comp.update, self.rule(run.strategy_state.alpha, comp.worker, self.table(run), comp.delay))
         run.send_next(comp.worker)
 
 

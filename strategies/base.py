@@ -21,7 +21,6 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from fl_rescaled.algorithm import Completion, Run
 from fl_rescaled.bounds import CLIP_FACTOR, OUTLIER_FACTOR, Chain, of_options
-from fl_rescaled.driver import Driver
 from fl_rescaled.stepsizes import vanilla
 
 from .checks import check_common
@@ -166,13 +165,11 @@ class AsyncStrategy(FlowerFacade):
         self.outlier_factor, self.adaptive_clip, self.clip_norm = outlier_factor, adaptive_clip, clip_norm
         self.clip_factor = clip_factor
         self.update_bound()  # (validates them)
-        #: The algorithm's state (``State``); a run starts with a fresh one (``init_state``).
-        self.state: Any = self.State()
-        #: The driver of the last run started (its manager, books and state stay readable after it).
-        self.last_run: Driver | None = None
 
     # ---------------------------------------------------------------- the algorithm
-    #: The dataclass of this algorithm's state.
+    #: The dataclass of this algorithm's state. The strategy creates one per run (``init_state``);
+    #: the run keeps it (``run.strategy_state``, part of its checkpoints) and hands it back to every
+    #: hook through ``run``: a strategy object holds no state of any run, so one can run many.
     State: type = NoState
 
     def init_state(self, run: Run) -> Any:
@@ -250,8 +247,10 @@ class AsyncStrategy(FlowerFacade):
         """Per-partition target weights, if the method has them (then the run needs the partition query)."""
         return None
 
-    def stored_vectors(self) -> int:
-        """How many model-sized vectors the server holds besides the model (gradient memory)."""
+    def stored_vectors(self, state: Any) -> int:
+        """How many model-sized vectors the server holds besides the model (gradient memory), with
+        the algorithm's ``state``."""
+        del state
         return 0
 
     @property

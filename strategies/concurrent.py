@@ -58,7 +58,7 @@ class ConcurrentASGD(AsyncStrategy):
         return ConcurrentState(np.random.default_rng((run.seed if self.seed is None else self.seed, 0xC0C0)))
 
     def on_start(self, run: Run) -> None:
-        rng, n, tau_c = self.state.rng, run.n, run.concurrency
+        rng, n, tau_c = run.strategy_state.rng, run.n, run.concurrency
         starters = range(n) if tau_c == n else rng.choice(n, tau_c, replace=False)
         for worker in sorted(int(w) for w in starters):
             run.send(worker)
@@ -75,5 +75,5 @@ class ConcurrentASGD(AsyncStrategy):
         table = run.compute_taus
         active = [w for w in range(run.n) if table.active[w]] if table.n_active < run.n else []
         if not active:
-            return int(self.state.rng.integers(run.n))
-        return active[int(self.state.rng.integers(len(active)))]
+            return int(run.strategy_state.rng.integers(run.n))
+        return active[int(run.strategy_state.rng.integers(len(active)))]

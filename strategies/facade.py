@@ -21,7 +21,7 @@ from fl_rescaled.clock import Clock
 from fl_rescaled.divergence import Divergence
 from fl_rescaled.driver import Driver
 from fl_rescaled.manager import ManagerObserver, ManagerSettings
-from fl_rescaled.reporting import AsyncResult, EvaluateFn, log_end, log_start
+from fl_rescaled.reporting import AsyncResult, EvaluateFn
 from fl_rescaled.runstate import Checkpointing
 
 from .checks import no_round_hooks, no_rounds
@@ -153,16 +153,9 @@ class FlowerFacade(Strategy):
         """
         if num_rounds is not None:
             raise TypeError(f"{type(self).__name__}.start() takes num_updates and/or time_budget, not FedAvg's num_rounds")
-        driver = Driver(self, grid, initial_arrays, num_updates=num_updates, time_budget=time_budget,
-                        timeout=timeout, train_config=train_config, evaluate_config=evaluate_config,
-                        evaluate_fn=evaluate_fn, clock=clock, taus=taus, eval_every=eval_every,
-                        num_evaluations=num_evaluations, num_workers=num_workers, partition_query=partition_query,
-                        progress=progress, observers=observers, checkpoint=checkpoint, settings=settings,
-                        replicas=replicas, seed=seed, divergence=divergence)
-        self.last_run = driver
-        log_start(type(self).__name__, driver.layout, driver.budget if time_budget is not None else None,
-                  driver.max_updates)
-        self.summary()
-        result = driver.run()
-        log_end(result, driver.wall_seconds)
-        return result
+        return Driver(self, grid, initial_arrays, num_updates=num_updates, time_budget=time_budget,
+                      timeout=timeout, train_config=train_config, evaluate_config=evaluate_config,
+                      evaluate_fn=evaluate_fn, clock=clock, taus=taus, eval_every=eval_every,
+                      num_evaluations=num_evaluations, num_workers=num_workers, partition_query=partition_query,
+                      progress=progress, observers=observers, checkpoint=checkpoint, settings=settings,
+                      replicas=replicas, seed=seed, divergence=divergence).run()

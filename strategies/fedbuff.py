@@ -118,18 +118,18 @@ class FedBuff(AsyncStrategy):
         if state.buffer.shape != x.shape or state.size != self.buffer_for(n) or not 0 <= state.count < state.size:
             raise ValueError("FedBuff's buffer does not fit this run")
 
-    def stored_vectors(self) -> int:
-        return 1 if self.state.count else 0
+    def stored_vectors(self, state: FedBuffState) -> int:
+        return 1 if state.count else 0
 
     def influence(self, run: Run, worker: int) -> float:
         """The staleness weight at the worker's typical staleness (in server steps, one per K replies),
         per delivery period: w(δ_i) / p_i."""
         taus = run.taus
-        delay = taus.expected_delay(worker) / self.state.size
+        delay = taus.expected_delay(worker) / run.strategy_state.size
         return (1.0 if self.p == 0 else self.discount(1.0, delay, run.n)) / taus.period(worker)
 
     def on_completion(self, run: Run, comp: Completion) -> None:
-        st = self.state
+        st = run.strategy_state
         w = 1.0 if self.p == 0 else self.discount(1.0, comp.delay, run.n)
         st.buffer += w * comp.update
         st.count += 1

@@ -75,8 +75,8 @@ class MaleniaSGD(AsyncStrategy):
         if state.G.shape != (n, x.size) or state.B.shape != (n,) or (state.B < 0).any():
             raise ValueError("Malenia's gradient sums do not fit this run")
 
-    def stored_vectors(self) -> int:
-        return len(self.state.B)  # one gradient accumulator per worker
+    def stored_vectors(self, state: MaleniaState) -> int:
+        return len(state.B)  # one gradient accumulator per worker
 
     def on_start(self, run: Run) -> None:
         for worker in run.online_workers():
@@ -85,7 +85,7 @@ class MaleniaSGD(AsyncStrategy):
     def _round_done(self, run: Run) -> bool:
         """Every online worker has delivered (and, with S, the harmonic mean of their counts is
         above S/n). A worker whose node is gone (wall clock) is not waited for."""
-        st, n = self.state, run.n
+        st, n = run.strategy_state, run.n
         if run.all_online:  # everyone is online: the running counts decide
             if st.delivered < n:
                 return False
@@ -99,7 +99,7 @@ class MaleniaSGD(AsyncStrategy):
         return harmonic > self.S / n
 
     def on_completion(self, run: Run, comp: Completion) -> None:
-        st = self.state
+        st = run.strategy_state
         if comp.job.version < st.round_version:
             # A late job of an earlier round (on the wall clock a running job cannot be stopped,
             # only ignored); its worker already holds a job on the current model.
@@ -125,7 +125,7 @@ class MaleniaSGD(AsyncStrategy):
             self._close_round(run, comp.worker)
 
     def _close_round(self, run: Run, trigger: int) -> None:
-        st = self.state
+        st = run.strategy_state
         # Equal weights over the workers that delivered: all n unless a node left this round.
         g_hat = average_of_means(st.G, st.B, int(np.count_nonzero(st.B)))
         run.apply(trigger, g_hat, self.lr)

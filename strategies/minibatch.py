@@ -65,8 +65,8 @@ class MinibatchSGD(AsyncStrategy):
         if state.sum.shape != x.shape or not all(0 <= w < n for w in state.arrived | state.members):
             raise ValueError("Minibatch's running sum does not fit this run")
 
-    def stored_vectors(self) -> int:
-        return int(self.state.sum.size > 0)  # the running sum (once a run has started)
+    def stored_vectors(self, state: MinibatchState) -> int:
+        return int(state.sum.size > 0)  # the running sum (once a run has started)
 
     def on_start(self, run: Run) -> None:
         self._new_round(run)
@@ -77,14 +77,14 @@ class MinibatchSGD(AsyncStrategy):
                 run.send_next(None)
         else:
             workers = run.online_workers()
-            self.state.members = set(workers)
+            run.strategy_state.members = set(workers)
             for worker in workers:
                 run.send(worker)
 
     def _round_done(self, run: Run) -> bool:
         """C updates are in (sampled rounds), or every worker of the round has delivered, left (its
         job lost: dropped) or is offline (wall clock: a worker whose node left is not waited for)."""
-        st = self.state
+        st = run.strategy_state
         if run.concurrency < run.n:
             return st.count >= run.concurrency
         if run.all_online:  # everyone is online: O(1) per arrival
@@ -92,7 +92,7 @@ class MinibatchSGD(AsyncStrategy):
         return all(w in st.arrived or not run.is_online(w) for w in st.members)
 
     def on_completion(self, run: Run, comp: Completion) -> None:
-        st = self.state
+        st = run.strategy_state
         if self.weighted:
             w = _weight(comp.metrics.get(self.weighted_by_key))
             st.sum += w * comp.update
@@ -110,13 +110,13 @@ class MinibatchSGD(AsyncStrategy):
         super().on_rejected(run, comp)  # its slot gets a job again (with C < N, on a worker drawn again)
         if run.concurrency == run.n:
             if not run.is_online(comp.worker):  # (gone: no job again) dropped from the round
-                self.state.members.discard(comp.worker)
+                run.strategy_state.members.discard(comp.worker)
             # The others may all be idle, waiting for the worker that just left.
             if self._round_done(run):
                 self._close_round(run, comp.worker)
 
     def on_joined(self, run: Run, worker: int) -> None:
-        st = self.state
+        st = run.strategy_state
         if run.concurrency < run.n:  # (the wall clock's resumed server: as before rounds had members)
             if worker not in st.arrived:
                 run.send(worker)
@@ -127,7 +127,7 @@ class MinibatchSGD(AsyncStrategy):
         # else: it waits for the next round
 
     def _close_round(self, run: Run, trigger: int) -> None:
-        st = self.state
+        st = run.strategy_state
         if not st.count:  # every worker of the round left before delivering: no step
             pass
         elif self.weighted:

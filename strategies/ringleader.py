@@ -87,15 +87,15 @@ class RingleaderASGD(AsyncStrategy):
                 or not all(0 <= w < n for w in state.P):
             raise ValueError("Ringleader's gradient tables do not fit this run")
 
-    def stored_vectors(self) -> int:
-        return int(np.count_nonzero(self.state.b) + np.count_nonzero(self.state.b_next))
+    def stored_vectors(self, state: RingleaderState) -> int:
+        return int(np.count_nonzero(state.b) + np.count_nonzero(state.b_next))
 
     def on_start(self, run: Run) -> None:
         for worker in run.online_workers():
             run.send(worker)
 
     def _step(self, run: Run, worker: int) -> None:
-        st = self.state
+        st = run.strategy_state
         # Equal weights over the table's filled rows: all n unless a node left before delivering.
         est = average_of_means(st.G, st.b, int(np.count_nonzero(st.b)))
         run.apply(worker, est, self.lr / run.n)
@@ -109,7 +109,7 @@ class RingleaderASGD(AsyncStrategy):
             run.resend(comp.job)
 
     def on_completion(self, run: Run, comp: Completion) -> None:
-        st = self.state
+        st = run.strategy_state
         i = comp.worker
         if st.phase == 1:
             st.G[i] += comp.update
@@ -126,7 +126,7 @@ class RingleaderASGD(AsyncStrategy):
             st.P.discard(i)
             self._step(run, i)
             if not st.P:
-                self._new_round()
+                self._new_round(st)
         else:
             st.G_next[i] += comp.update
             st.b_next[i] += 1
@@ -136,35 +136,35 @@ class RingleaderASGD(AsyncStrategy):
     def _gathered(self, run: Run) -> bool:
         """Phase 1 is over when every online worker has a gradient in the table (wall clock: a
         worker whose node left is not waited for)."""
-        st = self.state
+        st = run.strategy_state
         if run.all_online:  # everyone is online: the running count decides (O(1))
             return st.filled == run.n
         online = run.online_workers()
         return bool(online) and bool(np.all(st.b[online] >= 1))
 
     def _first_update(self, run: Run, i: int) -> None:
-        st = self.state
+        st = run.strategy_state
         st.round_triggers.append([])
         self._step(run, i)
         st.P = set(run.online_workers()) - {i}
         st.phase = 2
         if not st.P:  # a single worker: every round is one update
-            self._new_round()
+            self._new_round(st)
 
     def on_rejected(self, run: Run, comp: Completion) -> None:
         super().on_rejected(run, comp)
-        st = self.state
+        st = run.strategy_state
         if run.is_online(comp.worker):
             return
         # Its node left: the round no longer waits for it.
         if st.phase == 2 and comp.worker in st.P:
             st.P.discard(comp.worker)
             if not st.P:
-                self._new_round()
+                self._new_round(st)
         # Phase 1 closes at the next arrival once every online worker is in the table.
 
-    def _new_round(self) -> None:
-        st = self.state
+    @staticmethod
+    def _new_round(st: RingleaderState) -> None:
         st.G, st.G_next = st.G_next, st.G
         st.b, st.b_next = st.b_next, st.b
         st.filled, st.filled_next = st.filled_next, 0

@@ -207,3 +207,22 @@ def replay(order, b, c: float, rule, *, steps: int | None = None, x0: float = 0.
                 break
         sent[i] = (x, version)
     return x
+
+
+#: The runs ``start_run`` started, by strategy: a strategy keeps no run (``Driver`` does), so a test
+#: that reads a finished run's manager, books or state keeps its driver here.
+_RUNS: dict[int, object] = {}
+
+
+def start_run(strategy, grid, initial_arrays, **kwargs):
+    """``strategy.start(grid, initial_arrays, **kwargs)``, keeping the run's driver (``run_of``)."""
+    from fl_rescaled.driver import Driver
+
+    driver = Driver(strategy, grid, initial_arrays, **kwargs)
+    _RUNS[id(strategy)] = driver
+    return driver.run()
+
+
+def run_of(strategy):
+    """The driver of ``strategy``'s last run started with ``start_run`` (readable during and after it)."""
+    return _RUNS[id(strategy)]

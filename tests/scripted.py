@@ -1,6 +1,6 @@
 """A scripted stand-in for the driver: feed a strategy completions by hand and see what it does.
 
-``ScriptedRun`` implements ``fl_rescaled.driver.Run`` with no Grid, clock or manager: jobs are
+``ScriptedRun`` implements ``fl_rescaled.algorithm.Run`` with no Grid, clock or manager: jobs are
 records in a list, ``deliver``/``fail`` hand the strategy a completion of a worker's oldest job in
 flight, and everything the strategy asks for (steps, jobs, resends, cancellations, discards) is
 recorded, so a test can check an algorithm's completion logic alone, event by event.
@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from fl_rescaled.manager import Completion, Job
+from fl_rescaled.algorithm import Completion, Job
 from fl_rescaled.stepsizes import TauTable
 
 
@@ -43,6 +43,7 @@ class ScriptedRun:
     discarded: list[int] = field(default_factory=list)  # the job ids discarded
     inflight: list[Job] = field(default_factory=list)
     time: float = 0.0
+    strategy_state: Any = None  # the algorithm's state (``start``: what its ``init_state`` returns)
 
     def __post_init__(self) -> None:
         self.x = np.array(self.x, dtype=float)
@@ -133,6 +134,6 @@ class ScriptedRun:
         """What the driver does at a run's start: the strategy's target weights in the τ table, a
         fresh state, then ``on_start``."""
         self.taus.set_weights(strategy.target_weights())
-        strategy.state = strategy.init_state(self)
+        self.strategy_state = strategy.init_state(self)
         strategy.on_start(self)
         return strategy

@@ -91,7 +91,7 @@ def test_malenia_closes_a_round_once_every_worker_delivered_with_the_average_of_
     run.deliver(s, 0, [3.0])  # worker 0 keeps computing on x^0: two gradients, mean 2
     run.deliver(s, 1, [4.0])
     assert run.resent == [0, 0, 1] and not run.steps
-    assert s.state.B.tolist() == [2, 1, 0]
+    assert run.strategy_state.B.tolist() == [2, 1, 0]
     last = run.oldest(2).job_id
     others = [j.job_id for j in run.inflight if j.job_id != last]  # workers 0 and 1 are computing again
     run.deliver(s, 2, [6.0])  # the last worker: the round closes
@@ -99,7 +99,7 @@ def test_malenia_closes_a_round_once_every_worker_delivered_with_the_average_of_
     assert step.worker == 2 and step.stepsize == 0.5
     np.testing.assert_allclose(step.update, [(2.0 + 4.0 + 6.0) / 3])  # equal weights over the workers
     assert run.cancelled == others  # the jobs still running are cancelled
-    assert run.sent[-3:] == [0, 1, 2] and s.state.B.tolist() == [0, 0, 0] and s.state.round_version == 1
+    assert run.sent[-3:] == [0, 1, 2] and run.strategy_state.B.tolist() == [0, 0, 0] and run.strategy_state.round_version == 1
 
 
 def test_malenia_discards_a_late_job_of_an_earlier_round():
@@ -110,7 +110,7 @@ def test_malenia_discards_a_late_job_of_an_earlier_round():
     late = run._job(0, 0)  # a job of round 0 that was not stopped (wall clock)
     run.inflight.insert(0, run.inflight.pop())
     run.deliver(s, 0, [100.0])
-    assert run.discarded == [late.job_id] and len(run.steps) == 1 and s.state.B.tolist() == [0, 0, 0]
+    assert run.discarded == [late.job_id] and len(run.steps) == 1 and run.strategy_state.B.tolist() == [0, 0, 0]
 
 
 def test_malenia_s_rule_closes_at_the_first_arrival_past_the_threshold():
@@ -136,16 +136,16 @@ def test_ringleader_gathers_then_makes_n_updates_one_per_worker():
     run.deliver(s, 1, [2.0])
     assert not run.steps and run.resent == [0, 0, 1]
     run.deliver(s, 2, [5.0])  # every worker in the table: the first update, by worker 2
-    assert [st.worker for st in run.steps] == [2] and s.state.phase == 2 and s.state.P == {0, 1}
+    assert [st.worker for st in run.steps] == [2] and run.strategy_state.phase == 2 and run.strategy_state.P == {0, 1}
     np.testing.assert_allclose(run.steps[0].update, [(2.0 + 2.0 + 5.0) / 3])
     assert run.steps[0].stepsize == pytest.approx(0.3 / 3)
     run.deliver(s, 2, [7.0])  # already served this round: into the next table, keeps its model
-    assert s.state.b_next.tolist() == [0, 0, 1] and len(run.steps) == 1
+    assert run.strategy_state.b_next.tolist() == [0, 0, 1] and len(run.steps) == 1
     run.deliver(s, 1, [4.0])
     run.deliver(s, 0, [6.0])  # the last of P: the round ends, the next table becomes the table
     assert [st.worker for st in run.steps] == [2, 1, 0]
-    assert s.state.round_triggers == [[2, 1, 0]] and s.state.phase == 1
-    assert s.state.b.tolist() == [0, 0, 1] and s.state.b_next.tolist() == [0, 0, 0]
+    assert run.strategy_state.round_triggers == [[2, 1, 0]] and run.strategy_state.phase == 1
+    assert run.strategy_state.b.tolist() == [0, 0, 1] and run.strategy_state.b_next.tolist() == [0, 0, 0]
 
 
 def test_ringleader_restart_on_current_sends_the_current_model():
@@ -203,11 +203,11 @@ def test_fedbuff_buffers_k_updates_then_steps_with_their_mean():
     s = FedBuff(buffer_size=2, server_lr=3.0, staleness_exponent=0.0)
     run = started(s, x=(0.0,))
     run.deliver(s, 0, [2.0])
-    assert not run.steps and s.state.count == 1 and s.stored_vectors() == 1
+    assert not run.steps and run.strategy_state.count == 1 and s.stored_vectors(run.strategy_state) == 1
     run.deliver(s, 1, [4.0])
     (step,) = run.steps
     np.testing.assert_allclose(step.update * step.stepsize, [3.0 * (2.0 + 4.0) / 2])
-    assert s.state.count == 0 and s.stored_vectors() == 0 and run.sent[-2:] == [0, 1]
+    assert run.strategy_state.count == 0 and s.stored_vectors(run.strategy_state) == 0 and run.sent[-2:] == [0, 1]
 
 
 def test_fedbuff_discounts_stale_updates():
@@ -222,6 +222,6 @@ def test_fedbuff_discounts_stale_updates():
 @pytest.mark.parametrize("name", list(STRATEGIES))
 def test_every_strategy_has_a_declared_state_before_and_after_a_start(name):
     s = STRATEGIES[name]()
-    assert s.stored_vectors() == 0  # before any run (Ringleader raised here before its state was declared)
+    assert s.stored_vectors(s.State()) == 0  # a fresh state (Ringleader raised here before its state was declared)
     run = started(s)
-    assert isinstance(s.state, s.State) and len(run.sent) >= 1
+    assert isinstance(run.strategy_state, s.State) and len(run.sent) >= 1

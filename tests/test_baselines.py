@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from conftest import quad
+from conftest import quad, run_of, start_run
 
 TAUS, A, B = [1, 2, 4], [1.0, 3.0, 2.0], [2.0, -1.0, 5.0]
 X_STAR = sum(a * b for a, b in zip(A, B)) / sum(A)  # equal-weight minimiser
@@ -80,14 +80,14 @@ def test_ringleader_rounds_have_n_updates_one_per_worker():
     n = 5
     cfg = {"task": "quadratic", "num-partitions": n, "quad-a": [1.0] * n, "quad-b": [float(i) for i in range(n)]}
     s = RingleaderASGD(lr=0.1)
-    s.start(InProcessGrid(app, n), ArrayRecord({"model": Array(np.zeros(1))}), time_budget=500,
+    start_run(s, InProcessGrid(app, n), ArrayRecord({"model": Array(np.zeros(1))}), time_budget=500,
             train_config={"task": task_spec(cfg)}, clock=VirtualClock(DelayModel([1, 2, 3, 5, 8])),
             partition_query=True)
-    complete = s.state.round_triggers[:-1]
+    complete = run_of(s).strategy_state.round_triggers[:-1]
     assert len(complete) > 10
     for rnd in complete:
         assert sorted(rnd) == list(range(n))
-    assert s.last_run.version == sum(len(r) for r in s.state.round_triggers)
+    assert run_of(s).version == sum(len(r) for r in run_of(s).strategy_state.round_triggers)
 
 
 def test_fedbuff_q1_k1_matches_vanilla():

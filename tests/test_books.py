@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import assert_books_balance, quad
+from conftest import assert_books_balance, quad, run_of, start_run
 from fl_rescaled.strategies import STRATEGIES
 
 
@@ -92,7 +92,7 @@ class ErrorGrid(InProcessGrid):
 
 def run_errors(grid, budget=400.0, checkpoint=None):
     s = STRATEGIES["rescaled"](fraction_evaluate=0.0)
-    res = s.start(grid, ArrayRecord({"w": Array(np.zeros(hostile.DIM, np.float32))}), time_budget=budget,
+    res = start_run(s, grid, ArrayRecord({"w": Array(np.zeros(hostile.DIM, np.float32))}), time_budget=budget,
                   clock=VirtualClock(DelayModel(hostile.TAUS)), train_config={"reply": "gradient"},
                   partition_query=True, checkpoint=checkpoint)
     return s, res
@@ -108,10 +108,10 @@ def test_a_fresh_error_code_with_every_other_reply_keeps_the_table_bounded_and_t
     assert sorted(lost) == sorted([f"lost.error-code-{1000 + 2 * j}" for j in range(1, UNKNOWN_CODES + 1)]
                                   + [f"lost.{OTHER_CODE}"]), lost
     assert lost[f"lost.{OTHER_CODE}"] > 50 and res.books["lost"] == sum(lost.values())
-    assert len(s.last_run.manager.books.outcomes) == UNKNOWN_CODES + 2  # (and "applied")
+    assert len(run_of(s).manager.books.outcomes) == UNKNOWN_CODES + 2  # (and "applied")
     assert_books_balance(res.books, "flood")
     resumed, res2 = run_errors(ErrorGrid(), checkpoint=Checkpointing(plan.path, 100.0, "flood", resume=True))
-    assert len(resumed.last_run.manager.books.outcomes) == UNKNOWN_CODES + 2
+    assert len(run_of(resumed).manager.books.outcomes) == UNKNOWN_CODES + 2
     assert res2.books["updates"] == res.books["updates"]
 
 
@@ -126,14 +126,13 @@ def _checkpoint_with(tmp_path, keys):
     """A real run's checkpoint whose books get ``keys`` (each with one count) added; its plan."""
     plan = Checkpointing(tmp_path / "run.ckpt", 100.0, "bound")
     s, _ = run_errors(ErrorGrid(every=10_000), budget=150.0, checkpoint=plan)
-    plan = plan.covering(s, s.last_run.layout, 150.0, None)
-    state = load(plan, type(s.state))
+    plan = plan.covering(s, run_of(s).layout, 150.0, None)
+    state = load(plan, s.State)
     books = state.manager.books
     for key in keys:
         books.outcomes[key] = np.zeros(books.n, np.int64)
         books.outcomes[key][2] = 1
         books.jobs_sent[2] += 1
-    state.algorithm = s.state
     save(plan, state)
     return plan
 
@@ -164,7 +163,7 @@ def test_a_huge_error_text_with_line_breaks_stays_one_short_line(caplog):
     caplog.set_level(logging.WARNING, logger="flwr.fl_rescaled")
     reason = "<class 'RuntimeError'>:<'first line\nsecond \x1b[31mred\x1b[0m\r\x00" + "x" * 10_000_000 + "'>"
     s, _ = run_errors(ErrorGrid(bad=(2,), code=lambda k: 2, reason=reason), budget=100.0)
-    assert len(s.last_run.manager.books.first_failure[1]) == DETAIL_LIMIT
+    assert len(run_of(s).manager.books.first_failure[1]) == DETAIL_LIMIT
     with pytest.raises(RunFailed) as info:
         run_errors(ErrorGrid(bad=(1, 2, 3), code=lambda k: 2, reason=reason, every=1), budget=100.0)
     lines = [r.getMessage() for r in caplog.records] + [str(info.value)]
@@ -198,7 +197,7 @@ def test_fresh_metric_names_in_every_reply_are_bounded_per_window(custom, caplog
 
     caplog.set_level(logging.WARNING, logger="flwr.fl_rescaled")
     s = STRATEGIES["rescaled"](fraction_evaluate=0.0, train_metrics_aggr_fn=aggregate_metricrecords if custom else None)
-    res = s.start(MetricFloodGrid(), ArrayRecord({"w": Array(np.zeros(hostile.DIM, np.float32))}), time_budget=100.0,
+    res = start_run(s, MetricFloodGrid(), ArrayRecord({"w": Array(np.zeros(hostile.DIM, np.float32))}), time_budget=100.0,
                   clock=VirtualClock(DelayModel(hostile.TAUS)), train_config={"reply": "gradient"},
                   partition_query=True)
     assert res.books["updates"] > 100

@@ -20,6 +20,7 @@ from fl_rescaled.bounds import (CLIP_FACTOR, OUTLIER_FACTOR, AdaptiveClipState, 
 from fl_rescaled.peer_bounds import SUSPICION_RATE, reference
 from fl_rescaled.runstate import Checkpointing, load
 from fl_rescaled.strategies import STRATEGIES, RescaledASGD, options
+from conftest import run_of, start_run
 
 
 # ================================================================================ the arithmetic
@@ -267,23 +268,23 @@ def test_a_checkpointed_run_resumes_with_the_same_bound_state(tmp_path):
     def start(resume: bool):
         s = STRATEGIES["rescaled"](adaptive_clip=0.7)
         plan = Checkpointing(tmp_path / "run.ckpt", 50.0, "bounds-test", resume=resume)
-        res = s.start(hostile.HostileGrid("x1000"), ArrayRecord({"w": Array(np.zeros(hostile.DIM, np.float32))}),
+        res = start_run(s, hostile.HostileGrid("x1000"), ArrayRecord({"w": Array(np.zeros(hostile.DIM, np.float32))}),
                       time_budget=180.0, clock=hostile.VirtualClock(hostile.DelayModel(hostile.TAUS)),
                       train_config={"reply": "gradient"}, partition_query=True, checkpoint=plan)
         return s, res
 
     first, res1 = start(False)
     saved = load(Checkpointing(tmp_path / "run.ckpt", 50.0, "bounds-test").covering(
-        first, first.last_run.layout, 180.0, None), type(first.state)).manager.bounds
+        first, run_of(first).layout, 180.0, None), first.State).manager.bounds
     guard, median, adaptive = saved
     assert isinstance(guard, GuardState) and guard.rejected > 0 and sorted(guard.norms) == [0, 1, 3]  # (not 2)
     assert isinstance(median, MedianClipState) and median.judged.sum() > 0
     assert isinstance(adaptive, AdaptiveClipState) and adaptive.seen > 0 and math.isfinite(adaptive.clip)
     second, res2 = start(True)
-    assert second.last_run.manager.bound_state is not first.last_run.manager.bound_state
+    assert run_of(second).manager.bound_state is not run_of(first).manager.bound_state
     assert res2.arrays["w"].numpy().tobytes() == res1.arrays["w"].numpy().tobytes()
-    assert second.last_run.manager.bound_state == first.last_run.manager.bound_state
-    assert isinstance(second.last_run.manager.bound, Chain)
+    assert run_of(second).manager.bound_state == run_of(first).manager.bound_state
+    assert isinstance(run_of(second).manager.bound, Chain)
 
 
 def test_batched_replicas_apply_no_bound():

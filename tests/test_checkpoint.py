@@ -26,7 +26,7 @@ import pytest
 from flwr.app import Array, ArrayRecord
 
 import hostile
-from conftest import ROOT, run_sim
+from conftest import ROOT, run_of, run_sim, start_run
 from fl_rescaled.runstate import Checkpointing, load
 from fl_rescaled.strategies import RescaledASGD
 
@@ -305,17 +305,17 @@ def test_a_run_with_estimated_delivery_periods_resumes_with_its_tau_table(tmp_pa
     def start(resume: bool):
         s = RescaledASGD(concurrency=2, lr=0.5)
         plan = Checkpointing(tmp_path / "run.ckpt", 50.0, "taus-test", resume=resume)
-        res = s.start(hostile.HostileGrid(), ArrayRecord({"w": Array(np.zeros(hostile.DIM, np.float32))}),
+        res = start_run(s, hostile.HostileGrid(), ArrayRecord({"w": Array(np.zeros(hostile.DIM, np.float32))}),
                       time_budget=180.0, clock=hostile.VirtualClock(hostile.DelayModel(hostile.TAUS)),
                       train_config={"reply": "gradient"}, partition_query=True, checkpoint=plan)
         return s, res
 
     first, res1 = start(False)
-    manager = first.last_run.manager
+    manager = run_of(first).manager
     saved = load(Checkpointing(tmp_path / "run.ckpt", 50.0, "taus-test").covering(
-        first, first.last_run.layout, 180.0, None), type(first.state)).manager
+        first, run_of(first).layout, 180.0, None), first.State).manager
     assert manager.source.periods_how and 50.0 <= saved.virtual.now < 180.0
     assert saved.virtual.periods != list(manager.taus.prior)  # (the table learned something before the checkpoint)
     second, res2 = start(True)
     assert res2.arrays["w"].numpy().tobytes() == res1.arrays["w"].numpy().tobytes()
-    assert list(second.last_run.manager.taus.taus) == list(manager.taus.taus)
+    assert list(run_of(second).manager.taus.taus) == list(manager.taus.taus)

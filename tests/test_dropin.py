@@ -12,8 +12,8 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from conftest import (TOY1, fedasync_rule, fedbuff_rule, local_steps_factor, quad, replay, rescaled_rule,
-                      virtual_order)
+from conftest import (TOY1, fedasync_rule, fedbuff_rule, local_steps_factor, quad, replay, rescaled_rule, run_of,
+                      start_run, virtual_order)
 from fl_rescaled.manager import OnEvent
 from fl_rescaled import (
     FedAsync,
@@ -186,11 +186,11 @@ def test_without_partition_query_workers_follow_node_ids_with_one_warning(caplog
     caplog.set_level(logging.WARNING, logger="flwr.fl_rescaled")
     grid = grid_of(fedavg_client(), taus=(1.0, 2.0, 4.0))
     s = RescaledASGD(reply="model")
-    result = s.start(grid=grid, initial_arrays=initial(), train_config={"lr": 0.05}, time_budget=20)
+    result = start_run(s, grid=grid, initial_arrays=initial(), train_config={"lr": 0.05}, time_budget=20)
     assert result.books["rejected"] == 0 and result.books["updates"] > 0
     warnings = [r.getMessage() for r in caplog.records if "numbered by node id" in r.getMessage()]
     assert len(warnings) == 1 and "add_partition_query" in warnings[0]
-    manager = s.last_run.manager
+    manager = run_of(s).manager
     nodes = manager.membership.roster.node_ids
     assert nodes == sorted(grid.node_ids)
     # Each worker runs at its own node's τ (from its node config): 20 / τ updates each.
@@ -342,10 +342,10 @@ def test_fedavgs_metric_keywords_aggregate_as_fedavg_does_lists_included():
 
 def test_default_clock_virtual_in_process_wall_on_a_threaded_grid_budget_from_first_job():
     s = RescaledASGD(reply="model")
-    s.start(grid=grid_of(fedavg_client(), taus=(1.0, 4.0)), initial_arrays=initial(),
+    start_run(s, grid=grid_of(fedavg_client(), taus=(1.0, 4.0)), initial_arrays=initial(),
             train_config={"lr": 0.05}, time_budget=40)
-    assert s.last_run.virtual
-    assert s.last_run.manager.books.updates.tolist() == [40, 10]  # τ = 1 and 4 from the node configs
+    assert run_of(s).virtual
+    assert run_of(s).manager.books.updates.tolist() == [40, 10]  # τ = 1 and 4 from the node configs
 
     # Start-up (Ray, a SuperLink) does not eat the budget: the clock's origin (time.monotonic() − now,
     # read in the first event) comes after start() was called and after the first job was sent (the
@@ -358,21 +358,21 @@ def test_default_clock_virtual_in_process_wall_on_a_threaded_grid_budget_from_fi
     grid = grid_of(fedavg_client(), threaded=True)
     called = time.monotonic()
     try:
-        s.start(grid=grid, initial_arrays=initial(), train_config={"lr": 0.05}, time_budget=0.3, clock=clock,
+        start_run(s, grid=grid, initial_arrays=initial(), train_config={"lr": 0.05}, time_budget=0.3, clock=clock,
                 observers=[hook])
     finally:
         grid.close()
-    assert not s.last_run.virtual
+    assert not run_of(s).virtual
     assert first, "no job completed"
     origin, pushed = first[0]
     assert called < pushed <= origin
     s = RescaledASGD(reply="model")
     grid = grid_of(fedavg_client(), threaded=True)
     try:
-        s.start(grid=grid, initial_arrays=initial(), train_config={"lr": 0.05}, num_updates=5)
+        start_run(s, grid=grid, initial_arrays=initial(), train_config={"lr": 0.05}, num_updates=5)
     finally:
         grid.close()
-    assert isinstance(s.last_run.manager.clock, WallClock)  # a Grid without virtual time runs on the wall clock
+    assert isinstance(run_of(s).manager.clock, WallClock)  # a Grid without virtual time runs on the wall clock
 
 
 # ---------------------------------------------------------------------------------------------- reply="model" fixed points

@@ -18,7 +18,7 @@ from flwr.app import Array, ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 
 import hostile
-from conftest import assert_books_balance, quad
+from conftest import assert_books_balance, quad, run_of, start_run
 from fl_rescaled import DelayModel, InProcessGrid, RunFailed, VirtualClock, WallClock, add_partition_query
 from fl_rescaled.manager import OnEvent
 from fl_rescaled.manager.books import Books
@@ -60,7 +60,7 @@ def start(name, g, wall=False, observers=(), s=None, **budget):
     clock = WallClock(UNIT) if wall else VirtualClock(DelayModel(hostile.TAUS))
     budget = budget or {"time_budget": BUDGET}
     try:
-        return s, s.start(g, ArrayRecord({"w": Array(np.zeros(hostile.DIM, np.float32))}), clock=clock,
+        return s, start_run(s, g, ArrayRecord({"w": Array(np.zeros(hostile.DIM, np.float32))}), clock=clock,
                           train_config={"reply": s.reply}, partition_query=True, observers=list(observers), **budget)
     finally:
         g.close()
@@ -80,7 +80,7 @@ def test_a_client_that_always_raises_is_set_aside_and_the_rounds_go_on(name, cap
     assert books["lost.error-code-2"] == SET_ASIDE_AFTER and books["lost-per-worker"][2] == SET_ASIDE_AFTER
     assert books["sent-per-worker"][2] == SET_ASIDE_AFTER  # no job after it was set aside
     assert_books_balance(books, name)
-    assert not s.last_run.manager.is_online(2)
+    assert not run_of(s).manager.is_online(2)
     (line,) = set_aside_lines(caplog)
     assert line.startswith("partition 2 set aside") and "RuntimeError: partition 2 cannot train" in line, line
 
@@ -94,7 +94,7 @@ def test_the_round_closes_when_the_client_it_waits_for_is_set_aside(name):
     s = strategy(name)
 
     def seen(comp, x):
-        events.append((comp.worker, comp.rejected, s.last_run.version))
+        events.append((comp.worker, comp.rejected, run_of(s).version))
 
     _, res = start(name, grid(failing=[3]), observers=[OnEvent(seen)], s=s, time_budget=40.0)
     fails = [i for i, e in enumerate(events) if e[1] is not None]
@@ -206,9 +206,9 @@ def test_nodes_that_are_no_workers_do_not_pile_up_in_the_roster(caplog):
     g = Churn(app, hostile.N, node_configs=[{"sleep": t * UNIT} for t in hostile.TAUS], threaded=True)
     s = strategy("rescaled")
     try:
-        s.start(g, ArrayRecord({"w": Array(np.zeros(hostile.DIM, np.float32))}), clock=WallClock(UNIT),
+        start_run(s, g, ArrayRecord({"w": Array(np.zeros(hostile.DIM, np.float32))}), clock=WallClock(UNIT),
                 train_config={"reply": "gradient"}, num_workers=hostile.N, num_updates=100, time_budget=1000.0,
                 settings=ManagerSettings(node_refresh=0.01))
     finally:
         g.close()
-    assert Churn.looks > 20 and len(s.last_run.manager.membership.roster.ignored) <= 1
+    assert Churn.looks > 20 and len(run_of(s).manager.membership.roster.ignored) <= 1

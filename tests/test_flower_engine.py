@@ -17,7 +17,7 @@ from contextlib import contextmanager
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from conftest import fedbuff_rule, local_steps_factor, mnist_cache_path, replay  # noqa: E402
+from conftest import fedbuff_rule, local_steps_factor, mnist_cache_path, replay, run_of, start_run  # noqa: E402
 from fl_rescaled import experiment  # noqa: E402
 from fl_rescaled.experiment import RunSpec  # noqa: E402
 
@@ -180,9 +180,9 @@ def test_a_user_app_on_flowers_engine_gets_its_context_and_run_config():
     def main(grid: Grid, context: Context) -> None:
         seen["run_config"] = dict(context.run_config)
         strategy = FedBuff(buffer_size=2, fraction_evaluate=0.0)
-        result = strategy.start(grid=grid, initial_arrays=ArrayRecord({"w": Array(np.zeros(2))}),
+        result = start_run(strategy, grid=grid, initial_arrays=ArrayRecord({"w": Array(np.zeros(2))}),
                                 train_config={"lr": LR}, num_updates=int(context.run_config["updates"]))
-        seen["result"], seen["clock"] = result, strategy.last_run.manager.clock
+        seen["result"], seen["clock"] = result, run_of(strategy).manager.clock
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("flwr.supercore.telemetry.FLWR_TELEMETRY_ENABLED", "0")

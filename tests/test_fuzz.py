@@ -59,6 +59,7 @@ from fl_rescaled import cli
 from fl_rescaled.layout import encode_array
 from fl_rescaled.server_app import STRATEGY_OPTIONS_KEY, run_config_keys, spec_from_run_config
 from fl_rescaled.strategies import STRATEGIES, options
+from conftest import run_of, start_run
 
 REPLIES_PER_SETUP = 300
 WALL_REPLIES_PER_SETUP = 150
@@ -300,7 +301,7 @@ def fuzz_run(setup: str, plan, extras) -> list[str]:
     prev = {"x": None}
 
     def on_event(comp, x):
-        manager = s.last_run.manager  # (set aside by this rejection: a round may close without it)
+        manager = run_of(s).manager  # (set aside by this rejection: a round may close without it)
         aside = manager.books.strikes[comp.worker] == SET_ASIDE_AFTER and not manager.is_online(comp.worker)
         events.append((comp.job.job_id, comp.rejected, prev["x"], x.copy(), dict(comp.metrics), aside))
         prev["x"] = x.copy()
@@ -308,7 +309,7 @@ def fuzz_run(setup: str, plan, extras) -> list[str]:
     initial = ArrayRecord({k: Array(v) for k, v in template.items()})
     clock = WallClock(0.001) if wall else VirtualClock(DelayModel([1.0, 2.0, 3.0]))
     try:
-        s.start(grid, initial, time_budget=WALL_BUDGET if wall else 10, clock=clock, observers=[OnEvent(on_event)])
+        start_run(s, grid, initial, time_budget=WALL_BUDGET if wall else 10, clock=clock, observers=[OnEvent(on_event)])
     except RunFailed as exc:
         assert "cannot make progress" in str(exc)
     finally:
@@ -321,7 +322,7 @@ def fuzz_run(setup: str, plan, extras) -> list[str]:
             assert clean_metrics(metrics), (setup, job, kind, metrics)
         elif kind in VALID:
             assert rejected in VALID_REASONS.get(kind, ()), (setup, job, kind, rejected,
-                                                             s.last_run.manager.books.first_failure)
+                                                             run_of(s).manager.books.first_failure)
         else:
             assert rejected in REASONS[kind], (setup, job, kind, rejected)
         if rejected is not None and before is not None and not aside:
@@ -335,7 +336,7 @@ def fuzz_run(setup: str, plan, extras) -> list[str]:
         assert len(set(handled)) == len(handled) and set(handled) <= set(grid.answered), (setup, handled)
     else:
         assert sorted(handled) == sorted(grid.answered), (setup, handled, grid.answered)
-    books = s.last_run.manager.books
+    books = run_of(s).manager.books
     failed = sum(1 for _, rejected, *_ in events if rejected is not None)
     assert sum(books.failures().values()) == failed, (setup, books.failures(), failed)
     assert books.stray.get("duplicate", 0) == grid.injected["duplicate"]

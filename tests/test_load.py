@@ -52,7 +52,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord
 
-from conftest import assert_books_balance, quad
+from conftest import assert_books_balance, quad, run_of, start_run
 from fl_rescaled.manager import ManagerSettings, OnEvent
 from fl_rescaled import InProcessGrid, RescaledASGD, WallClock
 from fl_rescaled.clients.client_app import app
@@ -146,7 +146,7 @@ def run_fifty():
     level = log.level
     log.setLevel(logging.WARNING)
     try:
-        res = s.start(grid, ArrayRecord({"model": Array(np.zeros(1))}), time_budget=400,
+        res = start_run(s, grid, ArrayRecord({"model": Array(np.zeros(1))}), time_budget=400,
                       train_config={"task": task_spec(cfg), "emulate": "fixed", "time-unit": UNIT},
                       clock=WallClock(UNIT), partition_query=True, observers=[hook],
                       settings=ManagerSettings(worker_config=[{"tau": t} for t in WTAUS]))
@@ -168,15 +168,15 @@ def test_fifty_threaded_nodes_books_balance_and_the_slowest_delivers(fifty):
     assert books["discarded"] == 0 and books["in-flight"] <= N_WALL
     applied = books["applied-per-worker"]
     assert applied[-1] >= 1  # the node 100× slower than the fastest still delivered
-    assert sum(applied) == books["updates"] == s.last_run.version
+    assert sum(applied) == books["updates"] == run_of(s).version
     # The heterogeneity reached the server: the fastest node delivered far more often than the slowest.
     assert applied[0] >= 5 * applied[-1]
-    assert all(row["balanced"] for row in s.last_run.manager.books.balance())
+    assert all(row["balanced"] for row in run_of(s).manager.books.balance())
 
 
 def test_fifty_threaded_nodes_online_tau_estimates_order_the_nodes(fifty):
     s, _ = fifty
-    est = np.asarray(s.last_run.taus.taus)
+    est = np.asarray(run_of(s).taus.taus)
     true = np.asarray(WTAUS)
     # An interval between deliveries includes the node's compute: never below τ_i (float slack).
     assert np.all(est >= 0.95 * true), est / true
@@ -209,4 +209,4 @@ def test_fifty_threaded_nodes_rescaled_lands_on_the_equal_weight_minimiser(fifty
     assert np.isfinite(x).all()
     assert abs(settled - W_EQUAL) < 0.35, (settled, freq_point)
     assert abs(settled - W_EQUAL) < 0.5 * abs(freq_point - W_EQUAL), (settled, freq_point)
-    assert abs(float(s.last_run.x[0]) - W_EQUAL) < 1.0, (float(s.last_run.x[0]), freq_point)
+    assert abs(float(run_of(s).x[0]) - W_EQUAL) < 1.0, (float(run_of(s).x[0]), freq_point)

@@ -27,6 +27,7 @@ import hostile
 from fl_rescaled import InProcessGrid, RunFailed
 from fl_rescaled.divergence import FACTOR, POINTS, Divergence, DivergenceState, loss_of
 from fl_rescaled.strategies import STRATEGIES
+from conftest import run_of, start_run
 
 CASES = hostile.cases()
 
@@ -115,7 +116,7 @@ def quadratic_loss(step: int, arrays: ArrayRecord) -> MetricRecord:
 
 def start_evaluated(strategy: str, reply: str, grid, **options):
     s = STRATEGIES[strategy](reply=reply, fraction_evaluate=0.0, **options)
-    return s.start(grid, ArrayRecord({"w": Array(np.zeros(hostile.DIM, np.float32))}), num_updates=hostile.UPDATES,
+    return start_run(s, grid, ArrayRecord({"w": Array(np.zeros(hostile.DIM, np.float32))}), num_updates=hostile.UPDATES,
                    time_budget=20 * hostile.UPDATES * max(hostile.TAUS), eval_every=10.0,
                    clock=hostile.VirtualClock(hostile.DelayModel(hostile.TAUS)), train_config={"reply": reply},
                    partition_query=True, evaluate_fn=quadratic_loss)
@@ -178,9 +179,9 @@ def test_an_honest_client_that_is_much_faster_than_the_others_is_not_set_aside(s
     taus = list(np.round(np.exp(np.random.default_rng(0).normal(0.0, 1.2, n)), 3))
     s = STRATEGIES[strategy](reply=reply, fraction_evaluate=0.0)
     grid = InProcessGrid(hostile.app, n, node_configs=[{"client": i % hostile.N} for i in range(n)])
-    s.start(grid, ArrayRecord({"w": Array(np.zeros(hostile.DIM, np.float32))}), time_budget=200.0,
+    start_run(s, grid, ArrayRecord({"w": Array(np.zeros(hostile.DIM, np.float32))}), time_budget=200.0,
             clock=hostile.VirtualClock(hostile.DelayModel(taus)), train_config={"reply": reply}, partition_query=True)
     assert not [r for r in caplog.records if "set aside" in r.getMessage()]
-    state = s.last_run.manager.bound_state[1]
+    state = run_of(s).manager.bound_state[1]
     fastest = int(np.argmin(taus))
     assert np.exp(state.log_ratio[fastest]) > 8 and np.exp(state.log_plain[fastest]) < 2

@@ -28,6 +28,7 @@ from fl_rescaled.grid_api import set_message_id
 from fl_rescaled.manager import Job, OnEvent
 from fl_rescaled.manager.manager import SET_ASIDE_AFTER
 from fl_rescaled.manager.transport import Transport
+from conftest import run_of, start_run
 
 B = np.array([[1.0, -1.0, 0.5], [0.8, -1.2, 0.4], [1.1, -0.9, 0.6]])  # node i pulls towards B[i]
 X0 = ArrayRecord({"w": Array(np.zeros(3, np.float32))})
@@ -85,9 +86,9 @@ def dtype_run(kind: str):
         events.append((comp.worker, comp.rejected, comp.detail, prev["x"], x.copy()))
         prev["x"] = x.copy()
 
-    res = s.start(grid, X0, num_updates=30, clock=VirtualClock(DelayModel([1.0, 1.3, 1.7])),
+    res = start_run(s, grid, X0, num_updates=30, clock=VirtualClock(DelayModel([1.0, 1.3, 1.7])),
                   observers=[OnEvent(on_event)])
-    return res.arrays["w"].numpy(), s.last_run.manager.books, events
+    return res.arrays["w"].numpy(), run_of(s).manager.books, events
 
 
 @pytest.mark.parametrize("kind", ["int8", "bool"])
@@ -163,13 +164,13 @@ def test_a_node_that_forges_another_nodes_replies_fails_its_own_jobs_not_the_vic
     s = RescaledASGD(lr=0.1, fraction_evaluate=0)
     try:
         with no_hang():
-            s.start(grid, X0, num_updates=30, clock=WallClock(0.01), timeout=60.0)
+            start_run(s, grid, X0, num_updates=30, clock=WallClock(0.01), timeout=60.0)
     finally:
         with FORGERY.cond:
             FORGERY.forged = -1  # (release a forger still waiting)
             FORGERY.cond.notify_all()
         grid.close()
-    manager = s.last_run.manager
+    manager = run_of(s).manager
     books = manager.books
     assert FORGERY.forged != 0
     assert books.count("rejected")[0] == 0 and books.strikes[0] == 0 and manager.is_online(0)
@@ -260,8 +261,8 @@ def test_on_the_virtual_clock_a_slipped_in_reply_from_another_node_changes_nothi
     for slip in (False, True):
         grid = SlipGrid(slip)
         s = RescaledASGD(lr=0.1, fraction_evaluate=0)
-        res = s.start(grid, X0, num_updates=30, clock=VirtualClock(DelayModel([1.0, 1.3, 1.7])))
-        results.append((res.arrays["w"].numpy(), s.last_run.manager.books, grid.slipped))
+        res = start_run(s, grid, X0, num_updates=30, clock=VirtualClock(DelayModel([1.0, 1.3, 1.7])))
+        results.append((res.arrays["w"].numpy(), run_of(s).manager.books, grid.slipped))
     (clean, _, _), (x, books, slipped) = results
     assert slipped > 0 and books.stray == {"wrong-node": slipped} and books.failures() == {}
     assert x.tobytes() == clean.tobytes()
@@ -376,14 +377,14 @@ def test_on_the_wall_clock_the_log_says_what_is_in_flight_and_the_ttl_books_it_l
         s = RescaledASGD(lr=0.1, fraction_evaluate=0)
         try:
             with no_hang():
-                s.start(grid, X0, num_updates=40, clock=WallClock(0.01), timeout=0.5)
+                start_run(s, grid, X0, num_updates=40, clock=WallClock(0.01), timeout=0.5)
         finally:
             never.set()
             grid.close()
     assert said.lines, "the log never said that jobs were waited for"
     assert "3 job(s) in flight and none finished for" in said.lines[0]
     assert "the oldest, job 0 on node" in said.lines[0] and "its TTL (0.5 s) books it lost in" in said.lines[0]
-    books = s.last_run.manager.books
+    books = run_of(s).manager.books
     assert books.by_reason("lost").get("ttl-expired", 0) >= 1 and books.count("lost")[0] >= 1
     assert all(r["balanced"] for r in books.balance())
 
@@ -403,7 +404,7 @@ def test_on_the_virtual_clock_a_reply_that_does_not_come_is_announced(monkeypatc
         s = RescaledASGD(lr=0.1, fraction_evaluate=0)
         try:
             with no_hang():
-                res = s.start(grid, X0, num_updates=4, clock=VirtualClock(DelayModel([1.0, 1.5])))
+                res = start_run(s, grid, X0, num_updates=4, clock=VirtualClock(DelayModel([1.0, 1.5])))
         finally:
             grid.close()
     assert said.lines and "1 of 1 missing, none came for" in said.lines[0]

@@ -14,6 +14,7 @@ from fl_rescaled.clients.client_app import app
 from fl_rescaled.layout import encode_array
 from fl_rescaled.manager import OnEvent
 from fl_rescaled.tasks import task_spec
+from conftest import run_of, start_run
 
 CFG = {"task": "quadratic", "num-partitions": 3, "quad-a": [1.0, 2.0, 1.0], "quad-b": [1.0, -2.0, 3.0],
        "quad-dim": 4}
@@ -106,7 +107,7 @@ def run_with(fault):
     s = RescaledASGD(lr=0.05)
     x0 = np.full(4, 0.5)
     prev["x"] = x0.copy()
-    s.start(FaultyGrid(fault), ArrayRecord({"model": Array(x0)}), time_budget=12,
+    start_run(s, FaultyGrid(fault), ArrayRecord({"model": Array(x0)}), time_budget=12,
             train_config={"task": task_spec(CFG)}, clock=VirtualClock(DelayModel([1, 2, 3])), partition_query=True,
             observers=[OnEvent(on_event)])
     return s, events
@@ -124,7 +125,7 @@ def test_bad_reply_leaves_model_bit_identical(fault, caplog):
     _, reason, before, after, worker, t_bad = bad[0]
     assert reason is not None
     assert before.tobytes() == after.tobytes()
-    books = s.last_run.manager.books
+    books = run_of(s).manager.books
     assert sum(books.failures().values()) == 1
     rows = books.balance()  # the rejected job is accounted for, once: as rejected, or as lost (an error reply)
     assert all(r["balanced"] for r in rows) and sum(r["rejected"] + r["lost"] for r in rows) == 1
@@ -142,10 +143,10 @@ def test_duplicate_and_stray_replies_change_nothing(fault):
     clean, clean_events = run_with(None)
     s, events = run_with(fault)
     reason = "duplicate" if fault == "duplicate" else "unknown-job"
-    books = s.last_run.manager.books
+    books = run_of(s).manager.books
     assert books.stray == {reason: 1} and books.failures() == {}  # a stray is no job's outcome
     assert len(events) == len(clean_events)
-    assert s.last_run.x.tobytes() == clean.last_run.x.tobytes()
+    assert run_of(s).x.tobytes() == run_of(clean).x.tobytes()
 
 
 def test_reasons_are_specific_and_name_what_was_expected():
@@ -161,7 +162,7 @@ def test_reasons_are_specific_and_name_what_was_expected():
     }
     for fault, (reason, detail) in expected.items():
         s, events = run_with(fault)
-        books = s.last_run.manager.books
+        books = run_of(s).manager.books
         assert books.failures() == {reason: 1}, fault
         assert books.first_failure[0] == reason
         assert detail in books.first_failure[1], (fault, books.first_failure)
@@ -171,7 +172,7 @@ def test_an_expired_job_is_lost_not_a_wrong_type():
     """Flower answers a job past its TTL with an error of type "system": it is booked as lost
     (error-code-3), not rejected as a reply of the wrong type (a deployment test caught that)."""
     s, events = run_with("expired")
-    books = s.last_run.manager.books
+    books = run_of(s).manager.books
     assert books.by_reason("lost") == {"error-code-3": 1} and books.by_reason("rejected") == {}
 
 
@@ -268,9 +269,9 @@ def test_malenia_on_the_wall_clock_survives_hostile_metrics_in_cancelled_replies
     grid = InProcessGrid(client, 3, threaded=True)
     try:
         s = MaleniaSGD(lr=0.5)
-        res = s.start(grid, ArrayRecord({"model": Array(np.zeros(2))}), time_budget=300, clock=WallClock(0.001))
+        res = start_run(s, grid, ArrayRecord({"model": Array(np.zeros(2))}), time_budget=300, clock=WallClock(0.001))
     finally:
         grid.close()
     books = dict(res.books)
     assert books["balanced"] == 1 and books["updates"] > 0 and books["discarded"] > 0
-    assert np.isfinite(s.last_run.manager.books.wasted).all() and (s.last_run.manager.books.wasted >= 0).all()
+    assert np.isfinite(run_of(s).manager.books.wasted).all() and (run_of(s).manager.books.wasted >= 0).all()

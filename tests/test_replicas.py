@@ -184,10 +184,10 @@ def test_a_rerun_after_a_freeze_starts_with_every_replica_moving(mnist_cache):
     cfg = {**spec.task_config(), "replica-seeds": [0, 0]}
     task = get_task(cfg)
     strategy = make_strategy(dataclasses.replace(spec, lr=1.0))
-    _start(spec, cfg, task, strategy, task.initial_params(), replicas=[1.0, 1e9])
-    first, frozen = strategy.last_run.x.copy(), dict(strategy.last_run.state.frozen)
+    driver, _ = _start(spec, cfg, task, strategy, task.initial_params(), replicas=[1.0, 1e9])
+    first, frozen = driver.x.copy(), dict(driver.state.frozen)
     assert list(frozen) == [1]
-    _start(spec, cfg, task, strategy, task.initial_params(), replicas=[1.0, 1e9])
+    again, _ = _start(spec, cfg, task, strategy, task.initial_params(), replicas=[1.0, 1e9])
     # The second run applies replica 1's α again until it diverges at the same event.
-    assert strategy.last_run.state.frozen == frozen
-    np.testing.assert_array_equal(strategy.last_run.x, first)
+    assert again.state.frozen == frozen
+    np.testing.assert_array_equal(again.x, first)

@@ -18,6 +18,7 @@ from fl_rescaled import InProcessGrid, MaleniaSGD, MinibatchSGD, RescaledASGD, R
 from fl_rescaled.experiment import RunSpec, run
 from fl_rescaled.manager import ManagerObserver, ManagerSettings, OnEvent
 from fl_rescaled.tasks import task_spec
+from conftest import run_of, start_run
 
 B = [0.0, 3.0, 6.0]
 
@@ -71,7 +72,7 @@ def run_with_outage(strategy, updates: int):
 
     def on_event(comp, x):
         i = len(events)
-        events.append((i, comp.worker, comp.rejected, strategy.last_run.version))
+        events.append((i, comp.worker, comp.rejected, run_of(strategy).version))
         if i + 1 == DOWN_AFTER:
             window["down"] = i
             grid.set_online(gone, False)
@@ -83,7 +84,7 @@ def run_with_outage(strategy, updates: int):
 
     cfg = {"task": "quadratic", "num-partitions": 3, "quad-a": [1.0] * 3, "quad-b": B}
     try:
-        res = strategy.start(grid, ArrayRecord({"model": Array(np.zeros(1))}), num_updates=updates,
+        res = start_run(strategy, grid, ArrayRecord({"model": Array(np.zeros(1))}), num_updates=updates,
                              time_budget=3000, train_config={"task": task_spec(cfg), "emulate": "fixed",
                                                              "time-unit": 0.02},
                              clock=WallClock(0.02), timeout=60.0, observers=[OnEvent(on_event)],
@@ -97,7 +98,7 @@ def run_with_outage(strategy, updates: int):
 def test_node_that_leaves_and_returns():
     s = RescaledASGD(lr=0.05)
     res, events, window = run_with_outage(s, updates=200)  # (up after ~50 completions: 150 to spare)
-    books = s.last_run.manager.books
+    books = run_of(s).manager.books
     lost = books.count("lost")
     assert set(window) == {"down", "lost", "up"}, window
     assert lost[2] >= 1 and books.by_reason("lost").get("error-code-5", 0) >= 1
@@ -207,7 +208,7 @@ def test_a_client_that_lies_about_its_compute_time_gains_nothing():
         s.seen = Seen()
         cfg = {"task": "quadratic", "num-partitions": 3, "quad-a": [1.0] * 3, "quad-b": B}
         try:
-            s.start(grid, ArrayRecord({"model": Array(np.zeros(1))}), time_budget=200,
+            start_run(s, grid, ArrayRecord({"model": Array(np.zeros(1))}), time_budget=200,
                     train_config={"task": task_spec(cfg), "emulate": "fixed", "time-unit": 0.02},
                     clock=WallClock(0.02), observers=[s.seen],
                     settings=ManagerSettings(tau_estimator="compute",
@@ -217,13 +218,13 @@ def test_a_client_that_lies_about_its_compute_time_gains_nothing():
         return s
 
     honest, lied = once(app), once(LiarApp())
-    taus = list(lied.last_run.taus.taus)
+    taus = list(run_of(lied).taus.taus)
     # The liar's τ is an average of its claims clamped to what the server saw: never above the longest
     # dispatch-to-reply time of its jobs (in time units), however busy the machine. (Its claim is
     # 1000 s = 50,000 units; no job of this 200-unit run can have been seen to take that long.)
     assert taus[0] <= lied.seen.longest[0] / 0.02, (taus, lied.seen.longest)
     for s in (honest, lied):
-        books = s.last_run.manager.books
+        books = run_of(s).manager.books
         share = books.stepsize_per_worker / books.stepsize_sum
         # Rescaled ASGD gives each worker 1/3 of the steps. A believed claim would give the liar
         # nearly all of them (its γ = α/3, the others' ≈ α/3 · τ_i / 50,000); clamped to what the
@@ -235,5 +236,5 @@ def test_a_client_that_lies_about_its_compute_time_gains_nothing():
         # 2 (x − b_i)), and the last few steps, each under γ_max · 6 = 0.05 / 3 · 6 = 0.1.
         weighted = float(np.dot(share, B))
         tol = 3.0 * np.exp(-2.0 * books.stepsize_sum) + 0.1
-        assert abs(s.last_run.x[0] - weighted) < tol, (s.last_run.x[0], weighted, tol)
+        assert abs(run_of(s).x[0] - weighted) < tol, (run_of(s).x[0], weighted, tol)
         assert all(row["balanced"] for row in books.balance())

@@ -272,32 +272,71 @@ class AsyncClientManager:
     def pop_joined(self) -> list[int]:
         return self.membership.pop_joined()
 
-    def next_completion(self, budget: float = float("inf")) -> Completion | None:
-        """The next finished job, or None once the next one would finish after ``budget``.
-
-        Wall clock: also returns None early when workers (re)joined (see ``joined``) so the
-        strategy can give them jobs; the caller then asks again.
-        """
+    # ------------------------------------------------------------------ one completion, step by step
+    # (``Driver.update`` calls these in order: the plan of an update)
+    def next_ended(self, budget: float = float("inf")) -> tuple[Completion, Message | None] | None:
+        """Match: the next job to end, in the clock's order, as a completion with the reply that
+        answers it (the transport matched it by ``reply_to_message_id`` and node), or a lost one
+        (``rejected``, no reply). None once the next one would end after ``budget``, or when workers
+        came back (``waiting``): the caller gives them jobs, then asks again."""
         nxt = self.source.next(budget)
         if nxt is None:
             return None
         job, reply, t, lost = nxt
         self.transport.done(job)
         comp = Completion(job=job, time=t, delay=self.books.version - job.version)
-        w = job.worker
         if lost is not None or reply is None:
             comp.rejected = lost or "lost"
             comp.detail = _LOST_DETAIL.get(comp.rejected, "no reply")
             (log.debug if comp.rejected == "offline" else log.warning)("job %d (%s) lost: %s", job.job_id,
-                                                                        self.membership.name(w), comp.rejected)
-        else:
+                                                                        self.membership.name(job.worker), comp.rejected)
+            return comp, None
+        return comp, reply
+
+    def validate(self, comp: Completion, reply: Message) -> None:
+        """Validate: the reply's arrays against the model's layout (keys, shapes, dtypes, finite
+        values) and its metrics; the completion's update is then a direction g (a model reply's:
+        the pseudo-gradient x_sent − y), or it is rejected with the reason."""
+        batched = self.replicas > 1
+        try:
+            flat, carried, metrics = read_reply(reply, self.layout, arrayrecord_key=self.transport.keys[0],
+                                                 carried_required=self.reply == "model", check_finite=not batched)
+            if self.reply == "model":
+                with np.errstate(over="ignore", invalid="ignore"):
+                    flat = np.subtract(self.model_of(comp.job), flat)
+                if not batched and not all_finite(flat):
+                    raise RejectedReply("non-finite", "the returned model minus the model sent overflows")
+        except RejectedReply as rej:
+            self._reject(comp, rej)
+            return
+        if batched:
+            flat, bad = zero_nonfinite_replicas(flat, self.replicas)
+            if bad:
+                metrics["nonfinite-replicas"] = bad
+        comp.update, comp.carried, comp.metrics = flat, carried, metrics
+
+    def apply_bounds(self, comp: Completion) -> None:
+        """Bound: an accepted update passes the strategy's bounds (``fl_rescaled.bounds``: the outlier
+        guard may reject it, the median clip and the clips scale it down)."""
+        if comp.ok and self.bound is not None:
             try:
-                self._read_reply(comp, reply)
-            except RejectedReply as rej:  # (a client's error code and text, bounded: ``Books.reason_key``)
-                comp.rejected, comp.detail = self.books.reason_key(str(rej.reason)), str(rej.detail)[:DETAIL_LIMIT]
-                log.warning("%s the reply to job %d (%s): %s: %s", "lost" if is_lost(comp.rejected) else "rejected",
-                            job.job_id, self.membership.name(w), comp.rejected,
-                            failure_text(comp.rejected, comp.detail, 300))
+                comp.update = self.bound.apply(self.bound_state, comp.update, comp.worker, self.influence(comp.worker))
+            except RejectedReply as rej:
+                comp.update = None
+                self._reject(comp, rej)
+
+    def _reject(self, comp: Completion, rej: RejectedReply) -> None:
+        """(A client's error code and text are kept bounded: ``Books.reason_key``, ``DETAIL_LIMIT``.)"""
+        comp.rejected, comp.detail = self.books.reason_key(str(rej.reason)), str(rej.detail)[:DETAIL_LIMIT]
+        log.warning("%s the reply to job %d (%s): %s: %s", "lost" if is_lost(comp.rejected) else "rejected",
+                    comp.job.job_id, self.membership.name(comp.worker), comp.rejected,
+                    failure_text(comp.rejected, comp.detail, 300))
+
+    def book(self, comp: Completion) -> None:
+        """Book: the job's outcome and compute time (``Books``, the one writer of outcomes), the
+        worker's reputation (a client far above the others, or failing again and again, is set
+        aside: ``reputation``), its slot idle; the observers are told."""
+        job, w, t = comp.job, comp.worker, comp.time
         if comp.ok:
             self.books.ended(w, "applied")
             self.books.busy_done[w] += self.source.accepted(job, comp.metrics, t,
@@ -315,30 +354,23 @@ class AsyncClientManager:
         self._if_idle(w)
         for obs in self.observers:
             obs.completed(comp)
+
+    def next_completion(self, budget: float = float("inf")) -> Completion | None:
+        """Match, validate, bound and book the next job to end (the manager's steps of an update, in
+        one call, for a caller with no algorithm of its own: a test, a benchmark)."""
+        ended = self.next_ended(budget)
+        if ended is None:
+            return None
+        comp, reply = ended
+        if reply is not None:
+            self.validate(comp, reply)
+            self.apply_bounds(comp)
+        self.book(comp)
         return comp
 
     def largest_updates(self, k: int) -> list[tuple[int, float]]:
         """The ``k`` workers whose updates stood furthest above the others' (``Chain.largest``)."""
         return self.bound.largest(self.bound_state, k) if self.bound is not None else []
-
-    def _read_reply(self, comp: Completion, reply: Message) -> None:
-        """Validate a reply and fill the completion's update (a direction g), metrics and carried
-        arrays; raises ``RejectedReply``."""
-        batched = self.replicas > 1
-        flat, carried, metrics = read_reply(reply, self.layout, arrayrecord_key=self.transport.keys[0],
-                                             carried_required=self.reply == "model", check_finite=not batched)
-        if self.reply == "model":
-            with np.errstate(over="ignore", invalid="ignore"):
-                flat = np.subtract(self.model_of(comp.job), flat)
-            if not batched and not all_finite(flat):
-                raise RejectedReply("non-finite", "the returned model minus the model sent overflows")
-        if batched:
-            flat, bad = zero_nonfinite_replicas(flat, self.replicas)
-            if bad:
-                metrics["nonfinite-replicas"] = bad
-        elif self.bound is not None:
-            flat = self.bound.apply(self.bound_state, flat, comp.job.worker, self.influence(comp.job.worker))
-        comp.update, comp.carried, comp.metrics = flat, carried, metrics
 
     # ------------------------------------------------------------------ reporting
     def summary(self, t: float) -> dict[str, Any]:
