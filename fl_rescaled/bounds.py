@@ -226,6 +226,22 @@ def chain(*bounds: Any) -> Chain:
     return Chain(tuple(flat))
 
 
+@dataclass
+class BoundOptions:
+    """The update bounds' options (``AsyncStrategy``'s ``outlier_factor``, ``clip_factor``,
+    ``adaptive_clip``, ``clip_norm``; documented there): the chain every update passes (``chain``)."""
+
+    outlier_factor: float | None = OUTLIER_FACTOR
+    clip_factor: float | None = CLIP_FACTOR
+    adaptive_clip: float | None = None
+    clip_norm: float | None = None
+
+    def chain(self) -> Chain:
+        """The chain these options describe (ValueError for a bad one)."""
+        return of_options(clip_norm=self.clip_norm, adaptive_quantile=self.adaptive_clip,
+                          outlier_factor=self.outlier_factor, clip_factor=self.clip_factor)
+
+
 def of_options(*, clip_norm: float | None = None, adaptive_quantile: float | None = None,
                outlier_factor: float | None = OUTLIER_FACTOR, clip_factor: float | None = CLIP_FACTOR) -> Chain:
     """The chain a strategy's options describe: the guard, the median clip, the adaptive clip, the fixed clip."""

@@ -100,6 +100,9 @@ _ZIP_MAGIC = b"PK\x03\x04"
 _MEMBER = re.compile(r"^arrays/(\d{1,9})\.npy$")
 #: The most arrays a run state holds (a population's books, models in flight, a strategy's tables).
 MAX_ARRAYS = 100_000
+#: The largest ``header.json`` and ``state.json`` a run writes, by far (the state of 100,000 clients'
+#: run is tens of MB): a member declared larger is refused before it is read.
+MAX_JSON_BYTES = {"header.json": 2**24, "state.json": 2**30}
 
 
 class CheckpointError(ValueError):
@@ -161,6 +164,9 @@ def _read_members(zf: zipfile.ZipFile, path: Path, fingerprint: str, version: in
     if len(infos) > MAX_ARRAYS + 2:
         raise CheckpointError(f"{path}: too many members for a run state")
     for info in infos:
+        if info.file_size > MAX_JSON_BYTES.get(info.filename, math.inf):
+            raise CheckpointError(f"{path}: {info.filename} declares {info.file_size:,} bytes, more than a run state's "
+                                  f"{MAX_JSON_BYTES[info.filename]:,}; it is not read")
         if info.compress_type != zipfile.ZIP_STORED:
             raise CheckpointError(f"{path}: member {info.filename!r} is compressed; a run state never is")
         if info.filename not in ("header.json", "state.json") and not _MEMBER.match(info.filename):

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
+from flwr.app import ArrayRecord, MetricRecord
 
 from .checkpoints import CheckpointError
 from .clock import Clock, default_clock, time_unit
@@ -33,117 +33,21 @@ from .errors import RunFailed
 from .failures import FailureCheck, diverged, freeze
 from .grid_api import as_async_grid
 from .layout import ModelLayout
-from .manager import AsyncClientManager, Completion, Job, ManagerObserver, ManagerSettings
+from .algorithm import Completion
+from .manager import AsyncClientManager, ManagerObserver, ManagerSettings
 from .metrics import ProgressBar
 from .reporting import (AsyncResult, EvaluateFn, Evaluations, FederatedEvaluation, MetricWindow, all_rejected,
                         log_end, log_start, no_update, rejected_lines, report_result)
 from .runstate import Checkpointing, EvalSchedule, RunState, budgets, load, save
-from .stepsizes import TauTable
+from .run_api import Algorithm, RunAPI
 
 log = logging.getLogger("flwr.fl_rescaled")
-
-
-class RunAPI:
-    """The driver's side of ``Run``: what the algorithm's calls do to the model and the manager."""
-
-    manager: AsyncClientManager
-    state: Any  # RunState
-    config: dict | None  # the strategy's per-job config
-
-    @property
-    def n(self) -> int:
-        return self.manager.num_workers
-
-    @property
-    def x(self) -> np.ndarray:
-        return self.state.x
-
-    @property
-    def version(self) -> int:
-        return self.manager.books.version
-
-    @property
-    def strategy_state(self) -> Any:
-        return self.state.algorithm
-
-    @property
-    def virtual(self) -> bool:
-        return self.manager.source.virtual
-
-    @property
-    def all_online(self) -> bool:
-        return self.manager.source.all_online()
-
-    @property
-    def concurrency(self) -> int:
-        return self.manager.population.concurrency
-
-    @property
-    def taus(self) -> TauTable:
-        return self.manager.taus
-
-    @property
-    def compute_taus(self) -> TauTable:
-        return self.manager.compute_taus
-
-    def apply(self, worker: int, update: np.ndarray, stepsize: float, booked: float | None = None) -> None:
-        x = self.state.x
-        scratch = self._scratch
-        if scratch.shape != x.shape:
-            scratch = self._scratch = np.empty_like(x)
-        lrs = self.state.replica_lrs
-        if lrs is None:
-            np.multiply(update, stepsize, out=scratch, casting="same_kind")
-        else:  # each replica's step in the update's precision, as its own run would take α · γ_unit
-            R = len(lrs)
-            steps = (stepsize * lrs).astype(update.dtype)
-            np.multiply(update.reshape(R, -1), steps[:, None], out=scratch.reshape(R, -1))
-        np.subtract(x, scratch, out=x)
-        self.manager.record_update(worker, stepsize if booked is None else booked)
-
-    def send(self, worker: int) -> None:
-        self.manager.send(worker, self.state.x, self.version, self.job_config(), self.state.carried)
-
-    def send_next(self, after: int | None) -> None:
-        self.manager.send_next(after, self.state.x, self.version, self.job_config(), self.state.carried)
-
-    def refill(self) -> None:
-        self.manager.refill(self.state.x, self.version, self.job_config(), self.state.carried)
-
-    def resend(self, job: Job) -> None:
-        self.manager.resend(job, self.job_config())
-
-    def cancel_all(self) -> None:
-        self.manager.cancel_all()
-
-    def discard(self, job: Job) -> None:
-        self.manager.discard(job)
-
-    def online_workers(self) -> list[int]:
-        return self.manager.online_workers()
-
-    def is_online(self, worker: int) -> bool:
-        return self.manager.is_online(worker)
-
-    def node_of(self, worker: int) -> int:
-        return self.manager.membership.roster.node_ids[worker]
-
-    def model_of(self, job: Job) -> np.ndarray:
-        return self.manager.model_of(job)
-
-    def job_config(self) -> dict | None:
-        """The strategy's per-job config (``configure_job``), when it has one."""
-        if not self.configures_jobs:
-            return None
-        cfg = self.strategy.configure_job(ConfigRecord(self.manager.train_config), updates=self.version,
-                                          time=float(self.manager.clock.now))
-        return dict(cfg.items())
 
 
 class Driver(RunAPI):
     """One run: see the module docstring. ``run()`` returns the ``AsyncResult``."""
 
-    def __init__(self, strategy: Any, grid: Any, initial_arrays: ArrayRecord, *, num_updates: int | None = None,
+    def __init__(self, strategy: Algorithm, grid: Any, initial_arrays: ArrayRecord, *, num_updates: int | None = None,
                  time_budget: float | None = None, timeout: float = 3600.0, train_config: Any = None,
                  evaluate_config: Any = None, evaluate_fn: EvaluateFn | None = None, clock: Clock | None = None,
                  taus: list[float] | None = None, eval_every: float | None = None, num_evaluations: int = 10,
@@ -167,7 +71,8 @@ class Driver(RunAPI):
             schedule = EvalSchedule(self.budget / num_evaluations, None)
         else:
             schedule = EvalSchedule(math.inf, max(1, math.ceil(self.max_updates / num_evaluations)))
-        window = MetricWindow(strategy.weighted_by_key, kept=None if strategy.train_metrics_aggr_fn is None else [])
+        evaluation, keys = strategy.evaluation, strategy.run_options
+        window = MetricWindow(evaluation.weighted_by_key, kept=None if evaluation.train_metrics_aggr_fn is None else [])
         self.state = RunState(x=x, carried=carried, schedule=schedule, window=window, replica_lrs=lrs)
         self._scratch = np.empty(0, x.dtype)  # (sized at the first step)
         self.configures_jobs = strategy.configures_jobs
@@ -187,18 +92,18 @@ class Driver(RunAPI):
         self.connect_args = (num_workers, min(timeout, 300.0), partition_query)
         cfg = dict(train_config.items()) if train_config is not None else {}
         self.manager = AsyncClientManager(
-            self.grid, clock, layout=self.layout, reply=strategy.reply, arrayrecord_key=strategy.arrayrecord_key,
-            configrecord_key=strategy.configrecord_key, train_config=cfg, ttl=timeout, observers=observers,
-            replicas=1 if lrs is None else lrs.size, settings=settings, bound=strategy.update_bound())
+            self.grid, clock, layout=self.layout, reply=strategy.reply, arrayrecord_key=keys.arrayrecord_key,
+            configrecord_key=keys.configrecord_key, train_config=cfg, ttl=timeout, observers=observers,
+            replicas=1 if lrs is None else lrs.size, settings=settings, bound=strategy.bounds.chain())
         self.manager.influence = lambda worker: strategy.influence(self, worker)
-        fed = FederatedEvaluation(self.grid, evaluate_config, timeout, fraction=strategy.fraction_evaluate,
-                                  min_nodes=strategy.min_evaluate_nodes, weighted_by_key=strategy.weighted_by_key,
-                                  arrayrecord_key=strategy.arrayrecord_key, configrecord_key=strategy.configrecord_key,
-                                  aggregate=strategy.evaluate_metrics_aggr_fn)
+        fed = FederatedEvaluation(self.grid, evaluate_config, timeout, fraction=evaluation.fraction_evaluate,
+                                  min_nodes=evaluation.min_evaluate_nodes, weighted_by_key=evaluation.weighted_by_key,
+                                  arrayrecord_key=keys.arrayrecord_key, configrecord_key=keys.configrecord_key,
+                                  aggregate=evaluation.evaluate_metrics_aggr_fn)
         bar = ProgressBar(self.budget if self.by_time else float(self.max_updates), enabled=progress,
                           label=strategy.name)
         self.divergence = divergence if lrs is None else None  # (a batch's losses are the replicas')
-        self.evaluations = Evaluations(self.grid, evaluate_fn, fed, bar, train_aggregate=strategy.train_metrics_aggr_fn,
+        self.evaluations = Evaluations(self.grid, evaluate_fn, fed, bar, train_aggregate=evaluation.train_metrics_aggr_fn,
                                        on_evaluation=strategy.on_evaluation, unit=time_unit(clock),
                                        on_point=None if self.divergence is None else self._watch)
         self.check = FailureCheck(1)
@@ -219,9 +124,9 @@ class Driver(RunAPI):
         else:
             num_workers, timeout, partition_query = self.connect_args
             manager.connect(num_workers, timeout=timeout, partition_query=partition_query,
-                            weights=strategy.target_weights(), min_nodes=strategy.min_available_nodes)
-            manager.populate(strategy.slots(manager.num_workers), self.seed, strategy.target_weights(),
-                             strategy.selection)
+                            weights=strategy.target_weights(), min_nodes=strategy.population.min_available_nodes)
+            manager.populate(strategy.population.slots(manager.num_workers), self.seed, strategy.target_weights(),
+                             strategy.population.selection)
             if not partition_query and manager.num_workers > 1:
                 log.warning("workers are numbered by node id (%d nodes); a ClientApp with "
                             "fl_rescaled.add_partition_query numbers them by partition-id", manager.num_workers)
@@ -231,7 +136,7 @@ class Driver(RunAPI):
             self._plan_checkpoints()
             wall0 = time.perf_counter()
             strategy.on_start(self)
-        self.check = FailureCheck(strategy.max_consecutive_rejections or max(20, 2 * manager.num_workers))
+        self.check = FailureCheck(strategy.run_options.max_consecutive_rejections or max(20, 2 * manager.num_workers))
         state = self.state  # (resumed: the state read from the checkpoint)
         self._loop()
         self.evaluations.bar.close()
@@ -401,10 +306,10 @@ class Driver(RunAPI):
         saved = loaded.manager
         assert saved is not None
         try:
-            self._check_restored(loaded)
-            needs_jobs = manager.resume(saved, strategy.slots(saved.books.n), self.seed, strategy.target_weights(),
-                                        strategy.selection)
-            self._check_history(loaded)
+            loaded.check_restored(self.state, saved.books.n)
+            needs_jobs = manager.resume(saved, strategy.population.slots(saved.books.n), self.seed,
+                                        strategy.target_weights(), strategy.population.selection)
+            loaded.check_history(manager.clock.now, manager.version)
             strategy.check_state(loaded.algorithm, manager.num_workers, loaded.x)
         except ValueError as exc:
             raise CheckpointError(f"{self.plan.path}: {exc}") from None
@@ -418,30 +323,3 @@ class Driver(RunAPI):
             "resumed from %s at t=%g (%d updates): %d jobs in flight counted as lost, %d of %d workers online",
             self.plan.path, manager.clock.now, manager.version, lost, len(manager.online_workers()),
             manager.num_workers)
-
-    def _check_restored(self, loaded: RunState) -> None:
-        """The run's own part of a checkpoint: the model's layout, and this run's evaluation schedule
-        (its period or update count, as the command gives them; its next point where its step says)."""
-        if loaded.x.shape != self.state.x.shape or loaded.x.dtype != self.state.x.dtype:
-            raise ValueError("its model does not have the layout of this run's")
-        mine, theirs = self.state.schedule, loaded.schedule
-        if (theirs.period, theirs.updates) != (mine.period, mine.updates):
-            raise ValueError(f"its evaluation schedule (every {theirs.period!r} time units or {theirs.updates!r} "
-                             f"updates) is not this run's (every {mine.period!r} or {mine.updates!r})")
-        if theirs.step != len(loaded.history) or theirs.next_time != (theirs.step * theirs.period if theirs.step else 0.0):
-            raise ValueError(f"its evaluation step {theirs.step!r} (next at {theirs.next_time!r}) does not fit its "
-                             f"schedule and its {len(loaded.history)} evaluations")
-        if loaded.answered.shape != (loaded.manager.books.n,):
-            raise ValueError("its record of the workers heard from does not fit its workers")
-
-    def _check_history(self, loaded: RunState) -> None:
-        """The schedule and the history may not be ahead of (or far behind) the restored clock and books."""
-        now, version = self.manager.clock.now, self.manager.version
-        updates = loaded.schedule.updates
-        if updates is not None and not version < loaded.schedule.next_updates <= version + updates:
-            raise ValueError(f"its next evaluation is due after {loaded.schedule.next_updates!r} updates, which "
-                             f"its {version} updates and its schedule (every {updates}) cannot give")
-        if loaded.history and (loaded.history[-1].get("time", 0.0) > now
-                               or loaded.history[-1].get("updates", 0) > version):
-            raise ValueError(f"its last evaluation (at {loaded.history[-1].get('time')!r}) is after its clock's "
-                             f"time ({now!r}) or its updates")

@@ -176,6 +176,19 @@ def fmt_metrics(metrics: dict[str, Any] | None) -> str:
     return "{" + ", ".join(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}" for k, v in items) + "}"
 
 
+@dataclass
+class EvaluationOptions:
+    """How the run evaluates and aggregates metrics, as FedAvg does (``AsyncStrategy``'s
+    ``fraction_evaluate``, ``min_evaluate_nodes``, ``weighted_by_key``, ``train_metrics_aggr_fn``,
+    ``evaluate_metrics_aggr_fn``; documented there)."""
+
+    fraction_evaluate: float = 1.0
+    min_evaluate_nodes: int = 2
+    weighted_by_key: str = "num-examples"
+    train_metrics_aggr_fn: AggregateFn | None = None
+    evaluate_metrics_aggr_fn: AggregateFn | None = None
+
+
 class FederatedEvaluation:
     """Sends the global model to some of the nodes' ``@app.evaluate`` and aggregates their metrics.
 

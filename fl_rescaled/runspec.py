@@ -236,7 +236,7 @@ def bounded(s: RunSpec, strategy: Any) -> None:
             raise ValueError(f"--budget {s.budget:g} × --time-unit {s.time_unit:g} is {seconds:.3g} s of wall "
                              f"clock; a run needs between {WALL_SECONDS[0]:g} s and a year")
         return
-    events = expected_replies(s, strategy.jobs_per_node, strategy.slots(len(s.taus)))
+    events = expected_replies(s, strategy.jobs_per_node, strategy.population.slots(len(s.taus)))
     if events > MAX_EVENTS:
         flag = speedup(s)[1]  # (the speed change that shortens the jobs, if one does)
         raise ValueError(f"--budget {s.budget:g} with τ from {min(s.taus):g}{' and ' + flag if flag else ''} "
@@ -319,7 +319,7 @@ APPLIES_TO: dict[str, tuple[str, Any]] = {
     **_only("strategies taking model replies (--reply model)", lambda s, st, g: st.reply == "model", "local_steps",
             "local_lr", "prox"),
     **_only("populations with fewer training at a time than clients (--concurrency or --fraction-train)",
-            lambda s, st, g: st.slots(s.num_clients) < s.num_clients, "selection"),
+            lambda s, st, g: st.population.slots(s.num_clients) < s.num_clients, "selection"),
 }
 
 

@@ -102,6 +102,41 @@ class RunState:
         if self.consecutive < 0 or any(not math.isfinite(t) for t in self.frozen.values()):
             raise ValueError("bad failure counters")
 
+    def check_restored(self, fresh: RunState, n: int) -> None:
+        """Raise ValueError unless this state, read from a checkpoint of ``n`` workers, fits the run
+        whose starting state is ``fresh``: the model's layout, this run's evaluation schedule (the
+        period or update count its command gives; the next point where the step says), one
+        evaluation recorded per step, and a flag per worker heard from."""
+        if self.x.shape != fresh.x.shape or self.x.dtype != fresh.x.dtype:
+            raise ValueError("its model does not have the layout of this run's")
+        mine, theirs = fresh.schedule, self.schedule
+        if (theirs.period, theirs.updates) != (mine.period, mine.updates):
+            raise ValueError(f"its evaluation schedule (every {theirs.period!r} time units or {theirs.updates!r} "
+                             f"updates) is not this run's (every {mine.period!r} or {mine.updates!r})")
+        if theirs.step != len(self.history) or theirs.next_time != (theirs.step * theirs.period if theirs.step else 0.0):
+            raise ValueError(f"its evaluation step {theirs.step!r} (next at {theirs.next_time!r}) does not fit its "
+                             f"schedule and its {len(self.history)} evaluations")
+        if self.answered.shape != (n,):
+            raise ValueError("its record of the workers heard from does not fit its workers")
+        lrs, given = self.replica_lrs, fresh.replica_lrs
+        if (lrs is None) != (given is None) or (lrs is not None and (
+                lrs.shape != given.shape or not ((lrs == given) | (lrs == 0)).all())):
+            raise ValueError("its replicas' step sizes are not this run's (each α, or 0 once frozen)")
+
+    def check_history(self, now: float, version: int) -> None:
+        """Raise ValueError when the schedule or the history is ahead of the restored clock's time
+        ``now`` and ``version`` (server updates), or the next point by updates is further than one
+        period away."""
+        updates = self.schedule.updates
+        if updates is not None and not version < self.schedule.next_updates <= version + updates:
+            raise ValueError(f"its next evaluation is due after {self.schedule.next_updates!r} updates, which "
+                             f"its {version} updates and its schedule (every {updates}) cannot give")
+        last = self.history[-1] if self.history else {}
+        when, done = last.get("time", 0.0), last.get("updates", 0)
+        if not (isinstance(when, (int, float)) and isinstance(done, int)) or when > now or done > version:
+            raise ValueError(f"its last evaluation (at {last.get('time')!r}) is after its clock's time ({now!r}) or "
+                             "its updates")
+
 
 def to_data(state: RunState) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """``state`` (with its ``manager`` and ``algorithm`` filled in) as (JSON-able tree, arrays)."""

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from fl_rescaled.algorithm import Completion, Run
 from fl_rescaled.stepsizes import RULES, Rule, TauTable
@@ -53,6 +56,13 @@ class ASGD(AsyncStrategy):
 
     def init_state(self, run: Run) -> ASGDState:
         return ASGDState(self.cycle_stepsize(run))
+
+    def check_state(self, state: ASGDState, n: int, x: np.ndarray) -> None:
+        """α must be positive and finite, and this run's ``lr`` when it was given."""
+        del n, x
+        if not (math.isfinite(state.alpha) and state.alpha > 0) or (self.lr_given and state.alpha != self.lr):
+            raise ValueError(f"the strategy's cycle stepsize α = {state.alpha!r} is not this run's (lr = "
+                             f"{self.lr if self.lr_given else 'the default'!r})")
 
     def cycle_stepsize(self, run: Run) -> float:
         """α for this run: ``lr`` (1 unless given)."""

@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from fl_rescaled.algorithm import Completion, Run
-from fl_rescaled.bounds import CLIP_FACTOR, OUTLIER_FACTOR, Chain, of_options
+from fl_rescaled.bounds import CLIP_FACTOR, OUTLIER_FACTOR, BoundOptions
+from fl_rescaled.manager.selection import PopulationOptions
+from fl_rescaled.reporting import EvaluationOptions
+from fl_rescaled.run_api import RunOptions
 from fl_rescaled.stepsizes import vanilla
 
 from .checks import check_common
@@ -153,18 +156,19 @@ class AsyncStrategy(FlowerFacade):
                      min_train_nodes=min_train_nodes, min_available_nodes=min_available_nodes,
                      min_evaluate_nodes=min_evaluate_nodes,
                      train_metrics_aggr_fn=train_metrics_aggr_fn, evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn)
+        # The algorithm's own options:
         self.lr = 1.0 if lr is None else float(lr)
         self.lr_given = lr is not None  # (else the method's default, which may depend on the run)
-        self.reply, self.jobs_per_node, self.fraction_evaluate = reply, jobs_per_node, float(fraction_evaluate)
-        self.weighted_by_key, self.arrayrecord_key, self.configrecord_key = weighted_by_key, arrayrecord_key, configrecord_key
-        self.max_consecutive_rejections = max_consecutive_rejections
-        self.concurrency, self.selection = None if concurrency is None else int(concurrency), selection
-        self.fraction_train, self.min_train_nodes = float(fraction_train), int(min_train_nodes)
-        self.min_available_nodes, self.min_evaluate_nodes = int(min_available_nodes), int(min_evaluate_nodes)
-        self.train_metrics_aggr_fn, self.evaluate_metrics_aggr_fn = train_metrics_aggr_fn, evaluate_metrics_aggr_fn
-        self.outlier_factor, self.adaptive_clip, self.clip_norm = outlier_factor, adaptive_clip, clip_norm
-        self.clip_factor = clip_factor
-        self.update_bound()  # (validates them)
+        self.reply, self.jobs_per_node = reply, jobs_per_node
+        # The options of the parts that use them, each group declared in its part (and readable and
+        # settable here under its FedAvg name, as on Flower's strategies: ``OPTION_GROUPS``):
+        self.population = PopulationOptions(None if concurrency is None else int(concurrency), selection,
+                                            float(fraction_train), int(min_train_nodes), int(min_available_nodes))
+        self.evaluation = EvaluationOptions(float(fraction_evaluate), int(min_evaluate_nodes), weighted_by_key,
+                                            train_metrics_aggr_fn, evaluate_metrics_aggr_fn)
+        self.bounds = BoundOptions(outlier_factor, clip_factor, adaptive_clip, clip_norm)
+        self.bounds.chain()  # (validates them)
+        self.run_options = RunOptions(arrayrecord_key, configrecord_key, max_consecutive_rejections)
 
     # ---------------------------------------------------------------- the algorithm
     #: The dataclass of this algorithm's state. The strategy creates one per run (``init_state``);
@@ -180,13 +184,6 @@ class AsyncStrategy(FlowerFacade):
     def check_state(self, state: Any, n: int, x: np.ndarray) -> None:
         """Raise ValueError when ``state`` (read from a checkpoint) does not fit ``n`` workers and the
         model ``x`` (array shapes and ranges the schema cannot say)."""
-
-    def slots(self, n: int) -> int:
-        """C for a run of ``n`` workers: ``concurrency``, else max(min_train_nodes, ⌊fraction_train · n⌋)
-        (FedAvg's count of a round's nodes), at most n."""
-        if self.concurrency is not None:
-            return min(self.concurrency, n)
-        return min(n, max(self.min_train_nodes, int(n * self.fraction_train)))
 
     def on_start(self, run: Run) -> None:
         """Send the first jobs: ``jobs_per_node`` jobs to every worker (the methods that restart at once);
@@ -258,11 +255,6 @@ class AsyncStrategy(FlowerFacade):
         """True when ``lr`` was not given and the method's default α depends on the run."""
         return False
 
-    def update_bound(self) -> Chain:
-        """The bounds every update passes before ``on_completion`` (``fl_rescaled.bounds``)."""
-        return of_options(clip_norm=self.clip_norm, adaptive_quantile=self.adaptive_clip,
-                          outlier_factor=self.outlier_factor, clip_factor=self.clip_factor)
-
     def describe(self) -> dict[str, Any]:
         lr = "the run's default" if self.lr_per_run else self.lr
         out = {"strategy": self.name, **({"lr": lr} if self.uses_lr else {}), "reply": self.reply,
@@ -281,5 +273,23 @@ class AsyncStrategy(FlowerFacade):
 
 
 _VANILLA = vanilla()
+
+#: The option groups of a strategy, by attribute: each keyword of the constructor that belongs to a
+#: part of the run (the population, the evaluations, the update bounds, the driver) is a field of
+#: that part's group, and is readable and settable on the strategy under its own name too, as on
+#: Flower's FedAvg (``strategy.fraction_evaluate``).
+OPTION_GROUPS: dict[str, type] = {"population": PopulationOptions, "evaluation": EvaluationOptions,
+                                  "bounds": BoundOptions, "run_options": RunOptions}
+
+
+def _forwarded(group: str, name: str) -> property:
+    return property(lambda self: getattr(getattr(self, group), name),
+                    lambda self, value: setattr(getattr(self, group), name, value),
+                    doc=f"The ``{name}`` option (``self.{group}.{name}``).")
+
+
+for _group, _options in OPTION_GROUPS.items():
+    for _field in fields(_options):
+        setattr(AsyncStrategy, _field.name, _forwarded(_group, _field.name))
 
 

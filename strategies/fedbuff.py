@@ -91,7 +91,7 @@ class FedBuff(AsyncStrategy):
 
     def in_flight(self, n: int) -> int:
         """The jobs a run of ``n`` workers keeps in flight: C (× ``jobs_per_node`` when every node trains)."""
-        c = self.slots(n)
+        c = self.population.slots(n)
         return c * self.jobs_per_node if c == n else c
 
     def buffer_for(self, n: int) -> int:

@@ -159,7 +159,7 @@ def test_options_build_the_chain_and_are_validated():
     assert of_options().bounds[0].factor == OUTLIER_FACTOR and of_options().bounds[1].factor == CLIP_FACTOR == 1.5
     assert of_options(outlier_factor=None, clip_factor=None).bounds == ()
     s = RescaledASGD(outlier_factor=None, clip_factor=None, adaptive_clip=0.9, clip_norm=3.0)
-    assert [type(b).__name__ for b in s.update_bound().bounds] == ["AdaptiveClip", "Clip"]
+    assert [type(b).__name__ for b in s.bounds.chain().bounds] == ["AdaptiveClip", "Clip"]
     for bad in ({"outlier_factor": 1.0}, {"outlier_factor": -5.0}, {"clip_norm": 0.0}, {"clip_norm": math.inf},
                 {"adaptive_clip": 1.0}, {"adaptive_clip": 0.0}, {"clip_factor": 0.5}, {"clip_factor": math.inf}):
         with pytest.raises(ValueError):

@@ -23,7 +23,7 @@ SOURCES = {"fl_rescaled": ROOT / "fl_rescaled", "fl_rescaled.strategies": ROOT /
            "fl_rescaled.clients": ROOT / "clients"}
 
 CORE = {"clock", "errors", "timeline", "layout", "matching", "messages", "stepsizes", "manager", "grid", "grid_api", "inprocess", "tasks", "data",
-        "codec", "reporting", "runstate", "driver", "algorithm", "settings", "delays", "speeds", "availability",
+        "codec", "reporting", "runstate", "driver", "run_api", "algorithm", "settings", "delays", "speeds", "availability",
         "traces",
         "metrics", "checkpoints", "bounds", "peer_bounds", "divergence", "failures", "matching"}
 APPLICATION = {"runspec", "experiment", "flower_sim", "server_app", "paper", "population"}

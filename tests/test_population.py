@@ -127,9 +127,9 @@ def test_at_most_c_jobs_in_flight_each_on_an_idle_client(strategy):
 
 def test_fraction_train_gives_fedavgs_count_of_clients():
     s = STRATEGIES["fedbuff"](fraction_train=0.25)
-    assert s.slots(50) == 12 and s.slots(4) == 2  # max(min_train_nodes = 2, ⌊0.25 · n⌋), as FedAvg samples
-    assert STRATEGIES["fedbuff"](fraction_train=0.25, min_train_nodes=20).slots(50) == 20
-    assert STRATEGIES["fedbuff"]().slots(50) == 50 and STRATEGIES["fedbuff"](concurrency=7).slots(50) == 7
+    assert s.population.slots(50) == 12 and s.population.slots(4) == 2  # max(min_train_nodes = 2, ⌊0.25 · n⌋), as FedAvg samples
+    assert STRATEGIES["fedbuff"](fraction_train=0.25, min_train_nodes=20).population.slots(50) == 20
+    assert STRATEGIES["fedbuff"]().population.slots(50) == 50 and STRATEGIES["fedbuff"](concurrency=7).population.slots(50) == 7
     obs = InFlight()
     run(RunSpec(task="quadratic", strategy="fedbuff", num_clients=50, options={"fraction_train": 0.25}, budget=60),
         observers=[obs])

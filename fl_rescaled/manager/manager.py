@@ -24,52 +24,35 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, Message
 
 from fl_rescaled.algorithm import Completion, Job
-from fl_rescaled.bounds import BoundState, Chain
+from fl_rescaled.bounds import Chain
 from fl_rescaled.clock import VirtualClock, WallClock
 from fl_rescaled.errors import RejectedReply, failure_text
 from fl_rescaled.grid_api import AsyncGrid
-from fl_rescaled.layout import ModelLayout, all_finite, decode_array, read_reply
+from fl_rescaled.layout import ModelLayout, decode_array
 
 from .books import DETAIL_LIMIT, Books, is_lost, is_strike, outcome_of
-from .jobs import NODE_GONE, check_jobs, zero_nonfinite_replicas
-from .membership import Membership, Roster
+from .jobs import NODE_GONE
+from .membership import Membership
 from .observers import ManagerObserver
+from .replies import update_of
 from .reputation import SET_ASIDE_AFTER, strike_out, suspect
-from .selection import Population, PopulationState
+from .selection import Population
 from .settings import ManagerSettings
 from .source import CompletionSource
+from .state import ManagerState, check_jobs
 from .transport import Transport
-from .virtual import VirtualSource, VirtualState
-from .wall import WallSource, WallState
+from .virtual import VirtualSource
+from .wall import WallSource
 
 log = logging.getLogger("flwr.fl_rescaled")
 
 _LOST_DETAIL = {"ttl-expired": "no reply within the job's TTL", "offline": "its client went offline before it finished"}
-
-
-@dataclass
-class ManagerState:
-    """The manager's part of the run's state (``fl_rescaled.runstate``): the books, the roster, the
-    population, the update bounds, the jobs in flight with the models they carry, and the clock's
-    source's own part (``virtual`` or ``wall``, the other None)."""
-
-    books: Books
-    roster: Roster
-    active: list[bool]  # per worker: counted in the τ statistics (online and not set aside)
-    next_job_id: int
-    population: PopulationState
-    jobs: list[Job]  # in flight, in push order
-    models: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)  # version -> the model jobs carry
-    bounds: list[BoundState] = field(default_factory=list)  # the update bounds' states
-    virtual: VirtualState | None = None
-    wall: WallState | None = None
 
 
 class AsyncClientManager:
@@ -296,24 +279,13 @@ class AsyncClientManager:
     def validate(self, comp: Completion, reply: Message) -> None:
         """Validate: the reply's arrays against the model's layout (keys, shapes, dtypes, finite
         values) and its metrics; the completion's update is then a direction g (a model reply's:
-        the pseudo-gradient x_sent − y), or it is rejected with the reason."""
-        batched = self.replicas > 1
+        the pseudo-gradient x_sent − y), or it is rejected with the reason (``update_of``)."""
         try:
-            flat, carried, metrics = read_reply(reply, self.layout, arrayrecord_key=self.transport.keys[0],
-                                                 carried_required=self.reply == "model", check_finite=not batched)
-            if self.reply == "model":
-                with np.errstate(over="ignore", invalid="ignore"):
-                    flat = np.subtract(self.model_of(comp.job), flat)
-                if not batched and not all_finite(flat):
-                    raise RejectedReply("non-finite", "the returned model minus the model sent overflows")
+            comp.update, comp.carried, comp.metrics = update_of(
+                reply, self.layout, self.reply, lambda: self.model_of(comp.job), arrayrecord_key=self.transport.keys[0],
+                replicas=self.replicas)
         except RejectedReply as rej:
             self._reject(comp, rej)
-            return
-        if batched:
-            flat, bad = zero_nonfinite_replicas(flat, self.replicas)
-            if bad:
-                metrics["nonfinite-replicas"] = bad
-        comp.update, comp.carried, comp.metrics = flat, carried, metrics
 
     def apply_bounds(self, comp: Completion) -> None:
         """Bound: an accepted update passes the strategy's bounds (``fl_rescaled.bounds``: the outlier
@@ -355,19 +327,6 @@ class AsyncClientManager:
         for obs in self.observers:
             obs.completed(comp)
 
-    def next_completion(self, budget: float = float("inf")) -> Completion | None:
-        """Match, validate, bound and book the next job to end (the manager's steps of an update, in
-        one call, for a caller with no algorithm of its own: a test, a benchmark)."""
-        ended = self.next_ended(budget)
-        if ended is None:
-            return None
-        comp, reply = ended
-        if reply is not None:
-            self.validate(comp, reply)
-            self.apply_bounds(comp)
-        self.book(comp)
-        return comp
-
     def largest_updates(self, k: int) -> list[tuple[int, float]]:
         """The ``k`` workers whose updates stood furthest above the others' (``Chain.largest``)."""
         return self.bound.largest(self.bound_state, k) if self.bound is not None else []
@@ -404,6 +363,8 @@ class AsyncClientManager:
         books, n = state.books, state.books.n
         if len(state.roster.node_ids) != n or len(state.active) != n:
             raise ValueError("the checkpoint's books and roster disagree on the number of workers")
+        if state.active != state.roster.online.tolist():  # (counted in the τ statistics: online, not aside)
+            raise ValueError("the workers counted as active in its τ statistics are not the ones online")
         if self.bound is not None:
             self.bound.check(state.bounds)
         elif state.bounds:

@@ -233,6 +233,25 @@ SELECTORS: dict[str, type[IdleSelector]] = {UniformIdle.name: UniformIdle, Round
 
 
 @dataclass
+class PopulationOptions:
+    """Who trains, and when the run starts (``AsyncStrategy``'s ``concurrency``, ``selection``,
+    ``fraction_train``, ``min_train_nodes``, ``min_available_nodes``; documented there)."""
+
+    concurrency: int | None = None
+    selection: str = UniformIdle.name
+    fraction_train: float = 1.0
+    min_train_nodes: int = 2
+    min_available_nodes: int = 1
+
+    def slots(self, n: int) -> int:
+        """C for a run of ``n`` workers: ``concurrency``, else max(min_train_nodes, ⌊fraction_train · n⌋)
+        (FedAvg's count of a round's nodes), at most n."""
+        if self.concurrency is not None:
+            return min(self.concurrency, n)
+        return min(n, max(self.min_train_nodes, int(n * self.fraction_train)))
+
+
+@dataclass
 class PopulationState:
     """What a checkpoint keeps of the population: its concurrency, waiting slots, and (C < N) its
     selection's name, idle pool, generator and own arrays."""

@@ -43,6 +43,9 @@ from .transport import Transport
 
 #: Event kinds besides jobs, in the order they are handled at equal times.
 JOINED, WOKEN = 0, 1
+#: No job lasts longer than this many times the longest mean compute time (for the checks of a
+#: restored state: an exponential time is longer with probability e^-1000000).
+LONGEST = 1e6
 
 
 @dataclass
@@ -333,9 +336,12 @@ class VirtualSource:
                 raise ValueError(f"job {job.job_id} in flight went to node {job.node_id}, not its worker's")
             latest[job.worker] = max(latest[job.worker], job.finish_time)
         free = state.free_at
+        # (A worker whose job was cut when its client went offline stays busy until that job's
+        # finishing time, in flight or not: no job is longer than LONGEST mean compute times.)
+        horizon = np.maximum(latest, now + LONGEST * float(np.max(self.clock.delays.means()[:n], initial=1.0)))
         if free.shape != (n,) or free.dtype.kind != "f" or not np.isfinite(free).all() or (free < 0).any() \
-                or (free > latest).any():
-            raise ValueError("the workers' queue times do not fit their jobs in flight")
+                or (free > horizon).any():
+            raise ValueError("the workers' queue times (when each is free) do not fit their jobs in flight")
         self._check_periods(state, n, now)
         self._check_events(state, n, now, population)
         unknown = set(roster.node_ids) - set(map(int, self.transport.grid.get_node_ids()))
