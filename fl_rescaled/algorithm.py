@@ -94,8 +94,8 @@ class Run(Protocol):
         """C, the most jobs in flight (n when every worker is always busy)."""
 
     @property
-    def taus(self) -> TauTable:
-        """What the stepsize rules read as τ_i: each worker's mean time between deliveries (its
+    def periods(self) -> TauTable:
+        """What the stepsize rules read as τ_i: each worker's mean time between deliveries p_i (its
         compute time when every worker is always busy, C = n)."""
 
     @property
@@ -104,8 +104,8 @@ class Run(Protocol):
         or what a checkpoint restored. The algorithm changes it in place."""
 
     @property
-    def compute_taus(self) -> TauTable:
-        """Each worker's mean compute time τ_i (the same table as ``taus`` when C = n)."""
+    def compute_times(self) -> TauTable:
+        """Each worker's mean compute time τ_i (the same table as ``periods`` when C = n)."""
 
     def apply(self, worker: int, update: np.ndarray, stepsize: float, booked: float | None = None) -> None:
         """x ← x − stepsize · update, one server update triggered by ``worker`` (``booked``: the

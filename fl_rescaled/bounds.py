@@ -5,7 +5,10 @@ that update by its L2 norm: it passes it, scales it down, or rejects it (``Rejec
 is then booked as ``rejected.<reason>`` and the model is untouched). A bound is a small object built
 by a factory, as optax builds its transformations: its configuration is captured when it is built,
 and what it learns during a run lives in a separate state, a dataclass of numbers and lists
-(``init()`` makes a fresh one), which the run's checkpoints keep (``ManagerState.bounds``).
+(``init()`` makes a fresh one), which the run's checkpoints keep (``ManagerState.bounds``). A bound
+is called as ``bound(state, update, norm, worker, share)`` and returns the update it lets through
+and its norm; ``share`` is how much the strategy weighs ``worker``'s replies per unit of time (only
+the median clip reads it).
 
 - ``clip(max_norm)``: g ← g · max_norm / ‖g‖ when ‖g‖ > max_norm;
 - ``adaptive_clip(quantile)``: clip to an online estimate of a quantile of the accepted norms;
@@ -26,14 +29,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from .peer_bounds import (CLIP_FACTOR, GUARD_WINDOW, OUTLIER_FACTOR, GuardState, MedianClip, MedianClipState,
                           OutlierGuard, median_clip, outlier_guard, reference, remember)
 
-__all__ = ["CLIP_FACTOR", "GUARD_WINDOW", "OUTLIER_FACTOR", "AdaptiveClip", "AdaptiveClipState", "Bound", "BoundState",
+__all__ = ["CLIP_FACTOR", "GUARD_WINDOW", "OUTLIER_FACTOR", "AdaptiveClip", "AdaptiveClipState", "BoundOptions", "BoundState",
            "Chain", "Clip", "ClipState", "GuardState", "MedianClip", "MedianClipState", "OutlierGuard", "adaptive_clip",
            "adaptive_clip_next", "chain", "clip", "lower_median", "median_clip", "of_options", "outlier_guard",
            "reference", "remember", "update_norm"]
@@ -59,17 +62,6 @@ def lower_median(values: Sequence[float]) -> float:
     return sorted(values)[(len(values) - 1) // 2]
 
 
-class Bound(Protocol):
-    """A bound: ``init()`` makes its state; ``bound(state, update, norm, worker, share)`` returns the update
-    it lets through and that update's norm, or raises ``RejectedReply``. ``share``: how much the
-    strategy weighs ``worker``'s replies per unit of time (see ``peer_bounds``; most bounds ignore it)."""
-
-    def init(self) -> Any: ...
-
-    def __call__(self, state: Any, update: np.ndarray, norm: float, worker: int,
-                 share: float = 1.0) -> tuple[np.ndarray, float]: ...
-
-
 def _scaled(update: np.ndarray, norm: float, target: float) -> tuple[np.ndarray, float]:
     """``update`` scaled to norm ``target`` (a new array, in the update's type)."""
     return update * (target / norm), target
@@ -85,6 +77,8 @@ class ClipState:
 
 @dataclass(frozen=True)
 class Clip:
+    """Scale an update whose L2 norm exceeds ``max_norm`` down to it (``clip``)."""
+
     max_norm: float
 
     def init(self) -> ClipState:
@@ -117,6 +111,8 @@ class AdaptiveClipState:
 
 @dataclass(frozen=True)
 class AdaptiveClip:
+    """Clip every update to an online estimate of the ``quantile`` of the accepted norms (``adaptive_clip``)."""
+
     quantile: float
     rate: float
     initial: float | None
@@ -172,6 +168,8 @@ BoundState = GuardState | MedianClipState | AdaptiveClipState | ClipState
 
 @dataclass(frozen=True)
 class Chain:
+    """Bounds applied in order to each update (``chain``); each keeps its own state in ``init()``'s list."""
+
     bounds: tuple[Any, ...]
 
     def init(self) -> list[Any]:

@@ -1,8 +1,9 @@
-"""Checkpoints: a run's final model and its summary; a run's whole state, to resume it.
+"""Files a run writes: its final model and summary (``save_model``), and its whole state, to resume
+it (a run-state checkpoint, ``write_state``; "checkpoint" means only this).
 
-A final-model checkpoint is two files with one stem: ``<stem>.npz`` (the flat model,
-``allow_pickle`` never needed) and ``<stem>.json`` (the run's outcome without its history).
-``load_checkpoint`` refuses a model whose size does not match the summary.
+A final model is two files with one stem: ``<stem>.npz`` (the flat model, ``allow_pickle`` never
+needed) and ``<stem>.json`` (the run's outcome without its history). ``load_model`` refuses a
+model whose size does not match the summary.
 
 A run-state checkpoint (``write_state``/``read_state``) is one file of data only: an uncompressed
 zip holding ``header.json`` (format, state version, the run's fingerprint, the arrays' names),
@@ -65,7 +66,8 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         raise
 
 
-def save_checkpoint(stem: str | Path, params: np.ndarray, summary: dict[str, Any]) -> tuple[Path, Path]:
+def save_model(stem: str | Path, params: np.ndarray, summary: dict[str, Any]) -> tuple[Path, Path]:
+    """Write a run's final model and its summary as ``<stem>.npz`` and ``<stem>.json``, atomically."""
     stem = Path(stem)
     model_path, meta_path = _beside(stem, ".npz"), _beside(stem, ".json")
     flat = np.ascontiguousarray(params).reshape(-1)
@@ -84,13 +86,14 @@ def _beside(stem: Path, suffix: str) -> Path:
     return stem.with_name(stem.name + suffix)
 
 
-def load_checkpoint(stem: str | Path) -> tuple[np.ndarray, dict[str, Any]]:
+def load_model(stem: str | Path) -> tuple[np.ndarray, dict[str, Any]]:
+    """The final model and summary ``save_model`` wrote under ``stem``."""
     stem = Path(stem)
     meta = json.loads(_beside(stem, ".json").read_text())
     with np.load(_beside(stem, ".npz"), allow_pickle=False) as z:
         model = z["model"]
     if model.ndim != 1 or model.size != int(meta["model_size"]):
-        raise ValueError(f"checkpoint {stem}: model of size {model.size}, summary says {meta['model_size']}")
+        raise ValueError(f"model {stem}: of size {model.size}, summary says {meta['model_size']}")
     return model, meta
 
 

@@ -44,17 +44,6 @@ def tau_stats(taus: Sequence[float]) -> dict[str, float]:
     }
 
 
-def is_harmonic(taus: Sequence[float]) -> bool:
-    """True when every ratio of two compute times (larger over smaller) is an integer."""
-    t = sorted(float(x) for x in taus)
-    for i, a in enumerate(t):
-        for b in t[i + 1 :]:
-            r = b / a
-            if abs(r - round(r)) > 1e-9:
-                return False
-    return True
-
-
 def DelayModel(taus: Sequence[float], kind: str = "fixed", seed: int = 0) -> ComputeTimes:  # noqa: N802
     """Per-client compute times of mean τ_i: a model of ``fl_rescaled.delays`` by name (``fixed``:
     exactly τ_i; ``exponential``, ``lognormal``, ``pareto``: draws of mean τ_i from each client's own
@@ -70,6 +59,8 @@ class Clock(Protocol):
     ``availability`` and ``job_duration``; ``WallClock`` has ``time_unit`` and ``restart()``."""
 
     virtual: bool
+    #: How a time of this clock reads in a log line (" units", " s", " × 0.02 s").
+    unit_label: str
 
     @property
     def now(self) -> float: ...
@@ -83,6 +74,7 @@ class VirtualClock:
     always)."""
 
     virtual = True
+    unit_label = " units"
 
     def __init__(self, delays: ComputeTimes, availability: Availability | None = None) -> None:
         self.delays = delays
@@ -121,6 +113,11 @@ class WallClock:
     @property
     def now(self) -> float:
         return 0.0 if self._t0 is None else (time.monotonic() - self._t0) / self.time_unit
+
+    @property
+    def unit_label(self) -> str:
+        """" s" (seconds), or " × 0.02 s" in units of ``time_unit`` seconds."""
+        return " s" if self.time_unit == 1.0 else f" × {self.time_unit:g} s"
 
     @property
     def held(self) -> bool:
@@ -162,12 +159,3 @@ def default_clock(grid: AsyncGrid, taus: list[float] | None, num_workers: int | 
     if taus is not None:
         raise ValueError("taus define a virtual clock; this Grid runs on the wall clock (pass clock=...)")
     return WallClock()
-
-
-def time_unit(clock: Clock) -> str:
-    """How a time of ``clock`` reads in a log line: " units" (virtual), " s" (the wall clock in
-    seconds) or " × 0.02 s" (the wall clock in units of ``time_unit`` seconds)."""
-    if clock.virtual:
-        return " units"
-    unit = getattr(clock, "time_unit", 1.0)
-    return " s" if unit == 1.0 else f" × {unit:g} s"

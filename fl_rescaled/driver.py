@@ -27,7 +27,7 @@ import numpy as np
 from flwr.app import ArrayRecord, MetricRecord
 
 from .checkpoints import CheckpointError
-from .clock import Clock, default_clock, time_unit
+from .clock import Clock, default_clock
 from .divergence import Divergence
 from .errors import RunFailed
 from .failures import FailureCheck, diverged, freeze
@@ -104,7 +104,7 @@ class Driver(RunAPI):
                           label=strategy.name)
         self.divergence = divergence if lrs is None else None  # (a batch's losses are the replicas')
         self.evaluations = Evaluations(self.grid, evaluate_fn, fed, bar, train_aggregate=evaluation.train_metrics_aggr_fn,
-                                       on_evaluation=strategy.on_evaluation, unit=time_unit(clock),
+                                       on_evaluation=strategy.on_evaluation, unit=clock.unit_label,
                                        on_point=None if self.divergence is None else self._watch)
         self.check = FailureCheck(1)
         self.next_checkpoint = math.inf

@@ -23,7 +23,7 @@ from flwr.app import Array, ArrayRecord, MetricRecord
 from flwr.serverapp import Grid
 
 from .divergence import Divergence
-from .checkpoints import save_checkpoint
+from .checkpoints import save_model
 from .clients.client_app import app as client_app
 from .availability import availability
 from .clock import Clock, VirtualClock, WallClock, tau_stats
@@ -75,10 +75,10 @@ def resolve(spec: RunSpec) -> RunSpec:
     reachable(s, strategy)
     if s.lr is None and not strategy.lr_per_run:  # (else α is the run's: see the outcome's "lr")
         s.lr = strategy.lr
-    concurrency = getattr(strategy, "concurrency", None)
+    concurrency = strategy.population.concurrency
     if concurrency is not None and concurrency > s.num_clients:
-        raise ValueError(f"--concurrent-concurrency must be in 1..{s.num_clients}")
-    if strategy.min_available_nodes > s.num_clients:  # (it would wait for nodes that never come)
+        raise ValueError(f"--concurrency must be in 1..{s.num_clients}")
+    if strategy.population.min_available_nodes > s.num_clients:  # (it would wait for nodes that never come)
         raise ValueError(f"--min-available-nodes must be in 1..{s.num_clients} (the run's clients)")
     return s
 
@@ -132,7 +132,7 @@ def run(spec: RunSpec, grid: Grid | None = None, *, clock: Clock | None = None,
         stem = spec.output_stem(out["lr"])
         out["csv"] = str(write_history_csv(odir / f"{stem}.csv", driver.state.history))
         settings = {k: v for k, v in dataclasses.asdict(spec).items() if k not in ("progress", "extra")}
-        out["checkpoint"] = str(save_checkpoint(odir / stem, params, {**out, "settings": settings})[0])
+        out["checkpoint"] = str(save_model(odir / stem, params, {**out, "settings": settings})[0])
         out["png"] = str(plot_curves(odir / f"{stem}.png", {f"{spec.strategy} α={out['lr']:g}": driver.state.history},
                                      logy=spec.task == "mnist"))
         t_end, books = out["final_time"], driver.manager.books

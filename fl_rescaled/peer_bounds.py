@@ -134,6 +134,8 @@ class GuardState:
 
 @dataclass(frozen=True)
 class OutlierGuard:
+    """Reject an update far above the median of the workers' latest norms (``outlier_guard``)."""
+
     factor: float
     window: int
 
@@ -192,6 +194,9 @@ class MedianClipState:
 
 @dataclass(frozen=True)
 class MedianClip:
+    """Scale an update down to ``factor`` × the median of the other workers' latest weighted norms
+    (``median_clip``)."""
+
     factor: float
     window: int
 

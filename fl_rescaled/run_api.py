@@ -119,12 +119,12 @@ class RunAPI:
         return self.manager.population.concurrency
 
     @property
-    def taus(self) -> TauTable:
-        return self.manager.taus
+    def periods(self) -> TauTable:
+        return self.manager.periods
 
     @property
-    def compute_taus(self) -> TauTable:
-        return self.manager.compute_taus
+    def compute_times(self) -> TauTable:
+        return self.manager.compute_times
 
     def apply(self, worker: int, update: np.ndarray, stepsize: float, booked: float | None = None) -> None:
         x = self.state.x

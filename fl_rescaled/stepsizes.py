@@ -132,13 +132,6 @@ def fedasync_staleness(kind: str = "polynomial", a: float = 0.5, b: int = 4) -> 
     raise ValueError(f"unknown staleness function {kind!r}; choose constant, polynomial or hinge")
 
 
-def staleness_weight(kind: str, delay: int, a: float = 0.5, b: int = 4) -> float:
-    """s(δ) of FedAsync by name: the weight of a step of 1."""
-    if delay < 0:
-        raise ValueError("staleness must be non-negative")
-    return fedasync_staleness(kind, a, b)(1.0, delay, 0)
-
-
 def delay_adaptive_stepsize(gamma: float, delay: int, n: int, rule: str = "inverse") -> float:
     """Delay-Adaptive ASGD's step from the base γ: ``inverse`` γ / (1 + δ), ``authors`` γ · n / max(n, δ)."""
     if delay < 0:

@@ -51,8 +51,8 @@ class ASGD(AsyncStrategy):
         self.rule = rule
 
     def table(self, run: Run) -> TauTable:
-        """The τ table the rule reads: each worker's mean time between deliveries (``run.taus``)."""
-        return run.taus
+        """The τ table the rule reads: each worker's mean time between deliveries (``run.periods``)."""
+        return run.periods
 
     def init_state(self, run: Run) -> ASGDState:
         return ASGDState(self.cycle_stepsize(run))
@@ -73,7 +73,7 @@ class ASGD(AsyncStrategy):
         """The rule's step at the worker's typical delay, per delivery period: γ_i(δ_i) / p_i (constant
         for Rescaled ASGD's rule, 1 / p_i for Vanilla's, smaller for the slow and stale under
         Delay-Adaptive's)."""
-        taus = run.taus
+        taus = run.periods
         return self.rule(1.0, worker, self.table(run), taus.expected_delay(worker)) / taus.period(worker)
 
     def on_completion(self, run: Run, comp: Completion) -> None:

@@ -98,13 +98,14 @@ class AsyncStrategy(FlowerFacade):
         median of the workers' latest accepted norms (``fl_rescaled.bounds.outlier_guard``, which
         says how the start of a run is judged and what the guard cannot catch); it is booked as
         ``rejected.outlier``, the model untouched. ``none`` turns the guard off.
-    clip_factor : float, optional (default: 2)
+    clip_factor : float, optional (default: 1.5)
         Scale an update down so that its client moves the model, per unit of time, at most this
-        many times as far as the median of the other workers' latest updates do
-        (``fl_rescaled.peer_bounds.median_clip``: the norm, weighted by the client's delivery rate
-        where the method counts every reply alike). A client whose last updates were all clipped is
-        named and set aside (``fl_rescaled.manager``). 2 keeps one hostile client of four, or a
-        quarter of the clients, from outweighing the honest ones; ``none`` turns it off.
+        many times as far as the upper median of the other workers' latest updates do
+        (``fl_rescaled.peer_bounds.median_clip``: each norm weighted by the strategy's
+        ``influence``). A client whose updates stay far above the others' (a moving ratio above 8
+        after 20 judged, ``fl_rescaled.manager.reputation``) is named and set aside. It keeps one
+        lying client of four, or a quarter of them, from outweighing the honest ones
+        (``docs/reliability.md``); ``none`` turns it off.
     adaptive_clip : float, optional (default: none)
         Clip every accepted update to an online estimate of this quantile (in (0, 1)) of the
         accepted norms (``fl_rescaled.bounds.adaptive_clip``, after Andrew et al., 2021).
@@ -238,7 +239,7 @@ class AsyncStrategy(FlowerFacade):
         (``fl_rescaled.peer_bounds``). Default: its delivery rate 1 / p_i, every reply counting alike.
         A method whose steps give every worker its share whatever its speed (the round-based ones)
         returns 1."""
-        return 1.0 / run.taus.period(worker)
+        return 1.0 / run.periods.period(worker)
 
     def target_weights(self) -> Sequence[float] | None:
         """Per-partition target weights, if the method has them (then the run needs the partition query)."""

@@ -64,7 +64,7 @@ class ConcurrentASGD(AsyncStrategy):
             run.send(worker)
 
     def on_completion(self, run: Run, comp: Completion) -> None:
-        run.apply(comp.worker, comp.update, _VANILLA(self.lr, 0, run.compute_taus, 0))
+        run.apply(comp.worker, comp.update, _VANILLA(self.lr, 0, run.compute_times, 0))
         run.send(self._draw(run))
 
     def on_rejected(self, run: Run, comp: Completion) -> None:
@@ -72,7 +72,7 @@ class ConcurrentASGD(AsyncStrategy):
 
     def _draw(self, run: Run) -> int:
         """A worker drawn uniformly at random among the active ones (all, unless one was set aside)."""
-        table = run.compute_taus
+        table = run.compute_times
         active = [w for w in range(run.n) if table.active[w]] if table.n_active < run.n else []
         if not active:
             return int(run.strategy_state.rng.integers(run.n))

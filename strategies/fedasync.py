@@ -61,7 +61,7 @@ class FedAsync(AsyncStrategy):
 
     def influence(self, run: Run, worker: int) -> float:
         """The mixing weight at the worker's typical staleness, per delivery period: α(δ_i) / p_i."""
-        taus = run.taus
+        taus = run.periods
         return self.discount(self.mixing, taus.expected_delay(worker), run.n) / taus.period(worker)
 
     def on_completion(self, run: Run, comp: Completion) -> None:

@@ -124,7 +124,7 @@ class FedBuff(AsyncStrategy):
     def influence(self, run: Run, worker: int) -> float:
         """The staleness weight at the worker's typical staleness (in server steps, one per K replies),
         per delivery period: w(δ_i) / p_i."""
-        taus = run.taus
+        taus = run.periods
         delay = taus.expected_delay(worker) / run.strategy_state.size
         return (1.0 if self.p == 0 else self.discount(1.0, delay, run.n)) / taus.period(worker)
 

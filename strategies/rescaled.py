@@ -101,7 +101,7 @@ class RescaledASGD(ASGD):
         self.by, self.max_ratio = by, max_ratio
 
     def table(self, run: Run) -> TauTable:
-        return run.taus if self.by == "rate" else run.compute_taus
+        return run.periods if self.by == "rate" else run.compute_times
 
     @property
     def lr_per_run(self) -> bool:

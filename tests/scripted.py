@@ -28,7 +28,7 @@ class Step:
 class ScriptedRun:
     n: int
     x: np.ndarray
-    taus: Any = None  # a TauTable, or a list of τ_i (default: all 1)
+    periods: Any = None  # what the rules read: a TauTable, or a list of p_i = τ_i (default: all 1)
     virtual: bool = True
     all_online: bool = True
     online: set[int] | None = None
@@ -47,11 +47,11 @@ class ScriptedRun:
 
     def __post_init__(self) -> None:
         self.x = np.array(self.x, dtype=float)
-        if not isinstance(self.taus, TauTable):
-            self.taus = TauTable(self.n, self.taus if self.taus is not None else [1.0] * self.n)
+        if not isinstance(self.periods, TauTable):
+            self.periods = TauTable(self.n, self.periods if self.periods is not None else [1.0] * self.n)
         self.online = set(range(self.n)) if self.online is None else set(self.online)
         self.concurrency = self.n if self.concurrency is None else self.concurrency
-        self.compute_taus = self.taus
+        self.compute_times = self.periods
         self.nodes = list(range(100, 100 + self.n)) if self.nodes is None else list(self.nodes)
         self.models = {0: self.x.copy()}  # version -> the model of that version
         self._next_id = 0
@@ -133,7 +133,7 @@ class ScriptedRun:
     def start(self, strategy: Any) -> Any:
         """What the driver does at a run's start: the strategy's target weights in the τ table, a
         fresh state, then ``on_start``."""
-        self.taus.set_weights(strategy.target_weights())
+        self.periods.set_weights(strategy.target_weights())
         self.strategy_state = strategy.init_state(self)
         strategy.on_start(self)
         return strategy

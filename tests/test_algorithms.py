@@ -18,7 +18,7 @@ TAUS = [1.0, 2.0, 4.0]
 
 
 def started(strategy, n=3, x=(0.0, 0.0), **kw):
-    run = ScriptedRun(n=n, x=np.array(x, dtype=float), taus=kw.pop("taus", TAUS), **kw)
+    run = ScriptedRun(n=n, x=np.array(x, dtype=float), periods=kw.pop("taus", TAUS), **kw)
     run.start(strategy)
     return run
 

@@ -102,12 +102,15 @@ def test_fedbuff_q1_k1_matches_vanilla():
 
 
 def test_fedasync_converges_and_staleness_functions():
-    from fl_rescaled.stepsizes import staleness_weight
+    from fl_rescaled.stepsizes import fedasync_staleness
 
-    assert staleness_weight("constant", 7) == 1.0
-    assert staleness_weight("polynomial", 3, a=0.5) == pytest.approx(0.5)
-    assert staleness_weight("hinge", 4, a=1.0, b=4) == 1.0
-    assert staleness_weight("hinge", 6, a=1.0, b=4) == pytest.approx(1 / 3)
+    def s(kind: str, delay: int, a: float = 0.5, b: int = 4) -> float:  # s(δ): the weight of a step of 1
+        return fedasync_staleness(kind, a, b)(1.0, delay, 0)
+
+    assert s("constant", 7) == 1.0
+    assert s("polynomial", 3, a=0.5) == pytest.approx(0.5)
+    assert s("hinge", 4, a=1.0, b=4) == 1.0
+    assert s("hinge", 6, a=1.0, b=4) == pytest.approx(1 / 3)
     out = quad(strategy="fedasync", taus=[1, 1], quad_a=[1.0, 1.0], quad_b=[1.0, 3.0], lr=0.05, budget=2000,
                quad_x0=-5.0)
     assert abs(out["final_params"][0] - 2.0) < 0.05

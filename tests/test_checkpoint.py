@@ -315,7 +315,7 @@ def test_a_run_with_estimated_delivery_periods_resumes_with_its_tau_table(tmp_pa
     saved = load(Checkpointing(tmp_path / "run.ckpt", 50.0, "taus-test").covering(
         first, run_of(first).layout, 180.0, None), first.State).manager
     assert manager.source.periods_how and 50.0 <= saved.virtual.now < 180.0
-    assert saved.virtual.periods != list(manager.taus.prior)  # (the table learned something before the checkpoint)
+    assert saved.virtual.periods != list(manager.periods.prior)  # (the table learned something before the checkpoint)
     second, res2 = start(True)
     assert res2.arrays["w"].numpy().tobytes() == res1.arrays["w"].numpy().tobytes()
-    assert list(run_of(second).manager.taus.taus) == list(manager.taus.taus)
+    assert list(run_of(second).manager.periods.taus) == list(manager.periods.taus)

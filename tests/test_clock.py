@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from conftest import quad
 
-from fl_rescaled.clock import DelayModel, is_harmonic, tau_stats
+from fl_rescaled.clock import DelayModel, tau_stats
 
 
 @pytest.mark.parametrize("taus", [[1, 2], [1, 1, 2, 2, 4, 4, 8, 8, 16, 16], [3, 5, 7]])
@@ -70,11 +70,10 @@ def test_ties_processed_in_worker_order():
     assert (2.0, 2) in order and order.index((2.0, 2)) == 3
 
 
-def test_tau_stats_and_harmonic():
+def test_tau_stats():
     st = tau_stats([1, 2, 4, 4])
     assert st["tau_max"] == 4 and st["tau_A"] == 2.75
     assert st["tau_H"] == pytest.approx(4 / (1 + 0.5 + 0.25 + 0.25))
-    assert is_harmonic([1, 2, 4, 16]) and not is_harmonic([2, 3])
     with pytest.raises(ValueError):
         tau_stats([1, 0])
     with pytest.raises(ValueError):

@@ -32,8 +32,8 @@ end to end (on the quadratic, small budgets) through ``cli.main``: exit 2 (one l
 parsing refuses them; otherwise exit 0, or 1 (one line) only for a run that diverged (non-finite
 gradients); never a traceback.
 
-How many cases the suite tries is ``FUZZ_CASES`` below (4,280; docs/reliability.md quotes it): the same
-cases on every run (derandomised), about two minutes on the 2-core development machine. The tests at the end
+How many cases the suite tries is ``FUZZ_CASES`` below (docs/reliability.md quotes it, and
+tests/test_docs.py checks the quote): the same cases on every run (derandomised), about two minutes on the 2-core development machine. The tests at the end
 are the inputs that fuzzing found broken, one each, kept as regression tests.
 """
 

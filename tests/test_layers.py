@@ -126,3 +126,91 @@ def test_imports_go_down_the_layers_at_module_level(name, path, is_package):
 def test_modules_are_short(name, path, is_package):
     lines = len(path.read_text().splitlines())
     assert lines <= MAX_LINES, f"{path.relative_to(ROOT)} has {lines} lines"
+
+
+def _graph() -> dict[str, set[str]]:
+    """module → the modules of this project it imports at module level (a package's import of one of
+    its own submodules included, and the packages a submodule import runs first; ``if TYPE_CHECKING:``
+    imports too: they are a circle all the same)."""
+    known = {name for name, _, _ in ALL}
+    graph: dict[str, set[str]] = {}
+    for name, path, is_package in ALL:
+        out = set()
+        for target, _, in_function in imports(name, path, is_package):
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if not target or target == name or in_function:
+                continue
+            out.add(target)
+            # Importing a.b.c first runs the packages a.b (unless the importer is inside a.b: then it runs already).
+            package = target.rpartition(".")[0]
+            while package in known and not (name == package or name.startswith(package + ".")):
+                out.add(package)
+                package = package.rpartition(".")[0]
+        graph[name] = out
+    return graph
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    """No import circle, however long: the modules form a directed acyclic graph. (A package's
+    ``__init__`` importing its submodules is an edge like any other, so a submodule must not import
+    its own package.)"""
+    graph, state, path = _graph(), {}, []
+
+    def visit(module: str) -> None:
+        state[module] = "open"
+        path.append(module)
+        for nxt in sorted(graph.get(module, ())):
+            if state.get(nxt) == "open":
+                raise AssertionError("import circle: " + " → ".join(path[path.index(nxt):] + [nxt]))
+            if nxt not in state:
+                visit(nxt)
+        path.pop()
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module)
+
+
+def test_every_public_class_says_what_it_is():
+    """Every public class of the package has a docstring (what it is, in one line at least)."""
+    bare = []
+    for _, path, _ in ALL:
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_") and ast.get_docstring(node) is None:
+                bare.append(f"{path.relative_to(ROOT)}: {node.name}")
+    assert not bare, bare
+
+
+#: Where a branch may depend on the kind of clock outside the completion sources (``manager/virtual.py``,
+#: ``manager/wall.py``) and the clocks themselves (``clock.py``): the manager's one choice of source,
+#: and the experiment runner's emulated compute times (clients sleep τ_i on the wall clock only).
+CLOCK_DECISIONS = {"fl_rescaled/manager/manager.py": 1, "fl_rescaled/experiment.py": 1}
+CLOCK_KINDS = {"VirtualClock", "WallClock", "VirtualSource", "WallSource"}
+
+
+def _decides_the_clock(test: ast.AST) -> bool:
+    """Whether a condition reads the kind of clock: ``x.virtual``, or ``isinstance(x, <a clock or source>)``."""
+    for node in ast.walk(test):
+        if isinstance(node, ast.Attribute) and node.attr == "virtual":
+            return True
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "isinstance" and len(node.args) == 2:
+            if {getattr(n, "id", getattr(n, "attr", "")) for n in ast.walk(node.args[1])} & CLOCK_KINDS:
+                return True
+    return False
+
+
+def test_the_clock_is_decided_by_its_completion_source():
+    """Counted from the source: every ``if``, conditional expression, ``while`` and comprehension
+    filter whose condition reads the kind of clock, outside the sources and ``clock.py``."""
+    found: dict[str, int] = {}
+    for _, path, _ in ALL:
+        rel = str(path.relative_to(ROOT))
+        if rel in ("fl_rescaled/manager/virtual.py", "fl_rescaled/manager/wall.py", "fl_rescaled/clock.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            tests = [node.test] if isinstance(node, (ast.If, ast.IfExp, ast.While)) else \
+                list(node.ifs) if isinstance(node, ast.comprehension) else []
+            found[rel] = found.get(rel, 0) + sum(map(_decides_the_clock, tests))
+    assert {k: v for k, v in found.items() if v} == CLOCK_DECISIONS

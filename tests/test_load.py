@@ -176,7 +176,7 @@ def test_fifty_threaded_nodes_books_balance_and_the_slowest_delivers(fifty):
 
 def test_fifty_threaded_nodes_online_tau_estimates_order_the_nodes(fifty):
     s, _ = fifty
-    est = np.asarray(run_of(s).taus.taus)
+    est = np.asarray(run_of(s).periods.taus)
     true = np.asarray(WTAUS)
     # An interval between deliveries includes the node's compute: never below τ_i (float slack).
     assert np.all(est >= 0.95 * true), est / true

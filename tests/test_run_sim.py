@@ -104,15 +104,15 @@ def test_a_population_of_100000_clients_runs_from_the_command_line():
 def test_checkpoint_roundtrip(tmp_path):
     import numpy as np
 
-    from fl_rescaled.checkpoints import load_checkpoint, save_checkpoint
+    from fl_rescaled.checkpoints import load_model, save_model
 
     x = np.linspace(-1, 1, 11, dtype=np.float32)
-    save_checkpoint(tmp_path / "run", x, {"strategy": "rescaled", "history": [1, 2]})
-    y, meta = load_checkpoint(tmp_path / "run")
+    save_model(tmp_path / "run", x, {"strategy": "rescaled", "history": [1, 2]})
+    y, meta = load_model(tmp_path / "run")
     assert y.tobytes() == x.tobytes() and meta["strategy"] == "rescaled" and "history" not in meta
     (tmp_path / "run.json").write_text((tmp_path / "run.json").read_text().replace('"model_size": 11', '"model_size": 12'))
     with pytest.raises(ValueError):
-        load_checkpoint(tmp_path / "run")
+        load_model(tmp_path / "run")
 
 
 def test_importing_the_package_keeps_flower_and_ray_offline_unless_the_user_says_otherwise():

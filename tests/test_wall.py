@@ -227,7 +227,7 @@ def test_a_client_that_lies_about_its_compute_time_gains_nothing():
         return s
 
     honest, lied = once(app), once(LiarApp())
-    taus = list(run_of(lied).taus.taus)
+    taus = list(run_of(lied).periods.taus)
     # The liar's τ is an average of its claims clamped to what the server saw: never above the longest
     # dispatch-to-reply time of its jobs (in time units), however busy the machine. (Its claim is
     # 1000 s = 50,000 units; no job of this 200-unit run can have been seen to take that long.)

@@ -103,10 +103,10 @@ class AsyncClientManager:
     # ------------------------------------------------------------------ workers
     num_workers = property(lambda self: self.books.n)
     version = property(lambda self: self.books.version)
-    #: What the stepsize rules read as τ_i: each worker's mean time between deliveries (the source's).
-    taus = property(lambda self: self.source.taus)
-    #: Each worker's mean compute time τ_i (``taus`` itself when every worker is always busy).
-    compute_taus = property(lambda self: self.source.compute_taus)
+    #: What the stepsize rules read as τ_i: each worker's mean time between deliveries p_i (the source's).
+    periods = property(lambda self: self.source.periods)
+    #: Each worker's mean compute time τ_i (``periods`` itself when every worker is always busy).
+    compute_times = property(lambda self: self.source.compute_times)
 
     def connect(self, num_workers: int | None = None, timeout: float = 120.0, *, partition_query: bool = False,
                 weights: list[float] | None = None, min_nodes: int = 1) -> list[int]:
@@ -130,8 +130,8 @@ class AsyncClientManager:
         worker's mean time between deliveries p_i = 1 / f_i: estimated from the deliveries, from the
         mean-field value of the compute-time model (``delivery_periods``; τ_i at C = N, where a client
         busy whenever online delivers less often than that by its share of time online);
-        ``compute_taus`` keeps the compute times τ_i. With C = N and every client always online
-        p_i = τ_i exactly, and ``taus`` is ``compute_taus``."""
+        ``compute_times`` keeps the compute times τ_i. With C = N and every client always online
+        p_i = τ_i exactly, and ``periods`` is ``compute_times``."""
         n = self.num_workers
         self.population = Population(n, n if concurrency is None else concurrency, seed, self.is_online,
                                      self.source.online_mask, selection)
@@ -145,7 +145,7 @@ class AsyncClientManager:
 
     def _set_active(self, worker: int, active: bool) -> None:
         """A worker counts in the τ statistics (both tables) only while online and not set aside."""
-        for table in {id(t): t for t in (self.taus, self.compute_taus)}.values():
+        for table in {id(t): t for t in (self.periods, self.compute_times)}.values():
             table.set_active(worker, active)
 
     # ------------------------------------------------------------------ jobs
@@ -348,7 +348,7 @@ class AsyncClientManager:
             if job.version not in models and job.model is not None:
                 models[job.version] = {k: np.array(decode_array(a)) for k, a in job.model.items()}
         return ManagerState(books=self.books, roster=self.membership.roster,
-                            active=[bool(a) for a in self.taus.active], next_job_id=self._next_job_id,
+                            active=[bool(a) for a in self.periods.active], next_job_id=self._next_job_id,
                             population=self.population.state(), jobs=jobs, models=models, bounds=self.bound_state,
                             **self.source.snapshot())
 

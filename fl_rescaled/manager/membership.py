@@ -48,6 +48,8 @@ class Roster:
 
 
 class Membership:
+    """Which node is which worker: the roster, nodes that leave and come back, workers set aside."""
+
     def __init__(self, grid: AsyncGrid, transport: Transport, *, ttl: float, node_refresh: float = 2.0) -> None:
         self.grid = grid
         self.transport = transport

@@ -33,12 +33,12 @@ class CompletionSource(Protocol):
     woken: int
 
     @property
-    def taus(self) -> TauTable:
-        """What the stepsize rules read: each worker's mean time between deliveries."""
+    def periods(self) -> TauTable:
+        """What the stepsize rules read as τ_i: each worker's mean time between deliveries p_i."""
 
     @property
-    def compute_taus(self) -> TauTable:
-        """Each worker's mean compute time τ_i (``taus`` itself when every worker is always busy)."""
+    def compute_times(self) -> TauTable:
+        """Each worker's mean compute time τ_i (``periods`` itself when every worker is always busy)."""
 
     # -- workers
     def tables(self, num_workers: int, weights: Sequence[float] | None) -> None:

@@ -55,6 +55,8 @@ class RecentIds:
 
 
 class Transport:
+    """Jobs out as Flower Messages, replies in, matched to their jobs (see the module docstring)."""
+
     def __init__(self, grid: AsyncGrid, *, ttl: float, arrayrecord_key: str = "arrays",
                  configrecord_key: str = "config") -> None:
         self.grid = grid
@@ -168,12 +170,3 @@ class Transport:
         for job in self.inflight.values():
             return job if time.monotonic() - job.pushed_at > self.ttl else None
         return None
-
-    def forget_inflight(self) -> list[Job]:
-        """Drop every job in flight and every buffered reply (a restarted server); returns the jobs."""
-        jobs = list(self.inflight.values())
-        self.inflight.clear()
-        self.arrived.clear()
-        self._arrival_order.clear()
-        self.cancelled.clear()
-        return jobs

@@ -81,7 +81,7 @@ class VirtualSource:
         self._returning: set[int] = set()  # workers with a JOINED event pending (one each)
         self.woken = 0  # slots that waited for a client to come back, and can be filled now
         self.last_delivery = np.zeros(0)  # C < N, periods estimated: each worker's last accepted reply
-        self.taus = self.compute_taus = TauTable(0)  # what the rules read; the compute times τ_i
+        self.periods = self.compute_times = TauTable(0)  # what the rules read; the compute times τ_i
         self.periods_how = ""  # C < N or availability: how p_i is estimated ("average" / "ema")
         self.smoothing = 0.2  # (``ema``) weight of a new interval
 
@@ -91,7 +91,7 @@ class VirtualSource:
         if self.clock.delays.num_clients < num_workers:
             raise ValueError(f"the clock knows {self.clock.delays.num_clients} workers, the grid has {num_workers}")
         self.free_at = np.zeros(num_workers)
-        self.taus = self.compute_taus = TauTable(num_workers, self.clock.delays.means()[:num_workers].tolist(), weights)
+        self.periods = self.compute_times = TauTable(num_workers, self.clock.delays.means()[:num_workers].tolist(), weights)
 
     def populate(self, population: Population, weights: Sequence[float] | None, smoothing: float) -> None:
         """With C < N, or an availability model, the rules read each worker's delivery period p_i
@@ -99,7 +99,7 @@ class VirtualSource:
         work when they come back."""
         n = population.n
         if population.sampled or self.availability is not None:
-            self.taus, self.periods_how = population.periods(self.clock, weights)
+            self.periods, self.periods_how = population.periods(self.clock, weights)
             self.last_delivery, self.smoothing = np.zeros(n), smoothing
         if not population.sampled:  # every worker busy whenever online: the offline join when they come
             self.returns(np.flatnonzero(~self.online_mask(np.arange(n))))
@@ -123,7 +123,7 @@ class VirtualSource:
 
     def all_online(self) -> bool:
         """Every worker online for the whole run: no availability model, none set aside."""
-        return self.availability is None and self.taus.n_active == self.taus.n
+        return self.availability is None and self.periods.n_active == self.periods.n
 
     @staticmethod
     def aside_seconds(strikes: int) -> float:
@@ -259,7 +259,7 @@ class VirtualSource:
         """C < N: worker's mean time between deliveries, from its ``count``-th delivery at ``t``.
         ``average``: (t + p_0) / (count + 1) with p_0 the starting (mean-field) value; ``ema``: an
         exponential moving average of the intervals (speeds that change)."""
-        periods = self.taus
+        periods = self.periods
         if self.periods_how == "average":
             periods.update(worker, (t + periods.prior[worker]) / (count + 1))
             return
@@ -284,7 +284,7 @@ class VirtualSource:
         """This source's part of the manager's state (nothing copied)."""
         estimated = bool(self.periods_how)
         return {"virtual": VirtualState(float(self.clock.now), self.clock.delays.state(), self.free_at,
-                                        list(self.taus.taus) if estimated else [],
+                                        list(self.periods.taus) if estimated else [],
                                         self.last_delivery if estimated else np.zeros(0), list(self._events),
                                         self.woken)}
 
@@ -303,7 +303,7 @@ class VirtualSource:
         if self.periods_how:
             self.last_delivery = np.array(state.last_delivery, np.float64)
             for worker, period in enumerate(state.periods):
-                self.taus.update(worker, float(period))
+                self.periods.update(worker, float(period))
         self.membership.aside_until[~self.membership.roster.online] = np.inf  # (set aside for good)
         for job in jobs:
             self.transport.push_job(job)
@@ -356,7 +356,7 @@ class VirtualSource:
             if state.periods or state.last_delivery.size:
                 raise ValueError("it estimates delivery periods, and this run reads the compute times")
             return
-        periods, prior = np.asarray(state.periods, np.float64), np.asarray(self.taus.prior, np.float64)
+        periods, prior = np.asarray(state.periods, np.float64), np.asarray(self.periods.prior, np.float64)
         last = state.last_delivery
         if periods.shape != (n,) or not np.isfinite(periods).all() or (periods <= 0).any() \
                 or (periods > now + prior).any():

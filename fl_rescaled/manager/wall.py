@@ -61,7 +61,7 @@ class WallState:
     """The wall clock's part of a checkpoint: the time, and each worker's τ estimate (NaN: none yet)."""
 
     now: float
-    taus: list[float]
+    estimates: list[float]
 
 
 class WallSource:
@@ -80,7 +80,7 @@ class WallSource:
         self.tau_estimator = tau_estimator
         self.tau_smoothing = tau_smoothing
         self.poll_interval = poll_interval
-        self.taus = TauTable(0)
+        self.periods = TauTable(0)
         self.last_delivery = np.zeros(0)  # per worker: time.monotonic() of its last accepted reply
         self.quiet: Quiet | None = None  # since the last completion handed over (None: none awaited yet)
 
@@ -88,12 +88,12 @@ class WallSource:
     def tables(self, num_workers: int, weights: Sequence[float] | None) -> None:
         """Estimates that start unknown and come in with the deliveries."""
         self.last_delivery = np.full(num_workers, math.nan)
-        self.taus = TauTable(num_workers, None, weights)
+        self.periods = TauTable(num_workers, None, weights)
 
     @property
-    def compute_taus(self) -> TauTable:
+    def compute_times(self) -> TauTable:
         """(One table: the time between a worker's deliveries, or its reported compute time.)"""
-        return self.taus
+        return self.periods
 
     def populate(self, population: Population, weights: Sequence[float] | None, smoothing: float) -> None:
         """(The estimates are the same whatever C: every worker is measured as it delivers.)"""
@@ -206,9 +206,9 @@ class WallSource:
             since = last if not math.isnan(last) else job.pushed_at
             measured = max(now - since, 1e-9) / self.clock.time_unit
         self.last_delivery[job.worker] = now
-        old = self.taus.taus[job.worker]
+        old = self.periods.taus[job.worker]
         a = self.tau_smoothing
-        self.taus.update(job.worker, measured if math.isnan(old) else (1 - a) * old + a * measured)
+        self.periods.update(job.worker, measured if math.isnan(old) else (1 - a) * old + a * measured)
         return compute
 
     def cancel(self, job: Job) -> float | None:
@@ -235,7 +235,7 @@ class WallSource:
     # ------------------------------------------------------------------ the checkpoint
     def snapshot(self) -> dict[str, WallState]:
         """This source's part of the manager's state."""
-        return {"wall": WallState(float(self.clock.now), list(self.taus.taus))}
+        return {"wall": WallState(float(self.clock.now), list(self.periods.taus))}
 
     def restore(self, saved: Any, population: Population) -> tuple[list[Job], list[int]]:
         """Go on from the manager's ``saved`` state (its part ``saved.wall``, checked first): the jobs
@@ -246,16 +246,16 @@ class WallSource:
         state = saved.wall
         if state is None:
             raise ValueError("the checkpoint was written on the virtual clock, and this run is on the wall clock")
-        n = len(self.taus.taus)
+        n = len(self.periods.taus)
         if not (math.isfinite(state.now) and state.now >= 0):
             raise ValueError(f"its clock reads {state.now!r}")
-        estimates = np.asarray(state.taus, np.float64)
+        estimates = np.asarray(state.estimates, np.float64)
         known = estimates[~np.isnan(estimates)]
         if estimates.shape != (n,) or not np.isfinite(known).all() or (known <= 0).any():
             raise ValueError("its τ estimates are not one positive number (or none yet) per worker")
-        for worker, tau in enumerate(state.taus):
+        for worker, tau in enumerate(state.estimates):
             if tau == tau:
-                self.taus.update(worker, float(tau))
+                self.periods.update(worker, float(tau))
         self.clock.restart(state.now)
         self.membership.rediscover(min(self.transport.ttl, 300.0))
         return list(saved.jobs), self.online_workers()

@@ -50,6 +50,8 @@ CLAIM_5_TOY2 = (5, "toy τ=(1,100): Delay-Adaptive → +1, Rescaled → 0")
 # ------------------------------------------------------------ 1. Rescaled below Malenia and Ringleader
 @dataclass(frozen=True)
 class Rival:
+    """Claim 1, one rival in one setting: its median final loss against Rescaled's."""
+
     method: str
     loss: float  # its median final loss
     rescaled_lower: bool
@@ -58,6 +60,8 @@ class Rival:
 
 @dataclass(frozen=True)
 class LowerLossIn:
+    """Claim 1 in one setting: Rescaled's median final loss and each rival's."""
+
     setting: str
     rescaled: float  # Rescaled's median final loss
     rivals: tuple[Rival, ...]
@@ -120,6 +124,8 @@ class Slowdown:
 
 @dataclass(frozen=True)
 class RescaledShift:
+    """Claim 2: Rescaled's losses with exponential compute times against fixed ones, and the rivals'."""
+
     final_ratio: float  # of the median final losses
     curve_ratio: float  # median over the run's second half of the ratio of the two median loss curves
     unchanged: bool  # curve_ratio within UNCHANGED
@@ -177,6 +183,8 @@ def exponential_times(methods: list[str], res: Results, toys: ToyResults) -> Exp
 # ------------------------------------------------------------ 3. cumulative stepsize at α/τ_max
 @dataclass(frozen=True)
 class Slope:
+    """Claim 3 in one setting: the measured slope of the cumulative stepsize against α/τ_max."""
+
     setting: str
     measured: float  # slope of the median cumulative stepsize over the run's second half
     expected: float  # α/τ_max
@@ -215,6 +223,8 @@ def cumulative_stepsize(settings: list[str], res: Results, tau_max: float) -> Cu
 # ------------------------------------------------------------ 4. chosen α interior to the grid
 @dataclass(frozen=True)
 class Choice:
+    """Claim 4, one method in one setting: the α the sweep chose, and where it sits in the grid."""
+
     method: str
     setting: str
     alpha: float | None
@@ -239,6 +249,8 @@ def interior_choice(sweeps: list[Sweep]) -> InteriorChoice:
 # ------------------------------------------------------------ 5. toy problems
 @dataclass(frozen=True)
 class ToyEnd:
+    """Claim 5, one method on one toy: its final iterate against the point it should reach."""
+
     method: str
     x: float  # the final iterate
     target: float
@@ -271,6 +283,8 @@ def toy_claims(toys: ToyResults) -> tuple[ToyClaim, ToyClaim]:
 # ------------------------------------------------------------ all claims
 @dataclass(frozen=True)
 class ClaimsCheck:
+    """Every claim of the paper's study, checked against the runs so far (``verdicts``)."""
+
     lower_loss: LowerLoss
     exponential: ExponentialTimes | None  # None unless the study has both settings
     stepsize: CumulativeStepsize | None  # None while no setting has Rescaled's runs

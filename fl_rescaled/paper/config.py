@@ -96,9 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grid", default=None, help="starting α grid, comma-separated (default 1e-4,1e-3,1e-2,1e-1,1)")
     p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated (default {','.join(METHODS)})")
     p.add_argument("--settings", default=",".join(SETTINGS), help="fixed,exponential (default both)")
-    p.add_argument("--eval-points", type=int, default=None, help="evaluations per run (default 200; quick 10)")
+    p.add_argument("--eval-points", type=int, default=None,
+                   help=f"evaluations per run (default {FULL['eval_points']}; quick {QUICK['eval_points']})")
     p.add_argument("--max-extend", type=int, default=None,
-                   help="most grid extensions per direction (default 6; quick 1)")
+                   help=f"most grid extensions per direction (default {FULL['max_extend']}; quick {QUICK['max_extend']})")
     p.add_argument("--workers", type=int, default=None,
                    help=f"parallel processes, one run batch each (default: one per available core, at most "
                         f"{MAX_DEFAULT_WORKERS}; here {default_workers()})")

@@ -45,6 +45,8 @@ class Verdict:
 
 @dataclass
 class Results:
+    """The population study's results: the chosen values, summaries, curves and verdicts per setting."""
+
     tgrid: np.ndarray
     chosen: dict[str, dict[str, float]] = field(default_factory=dict)  # setting → method → chosen value
     summary: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)

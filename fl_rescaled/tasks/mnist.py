@@ -22,6 +22,8 @@ warnings.filterwarnings("ignore", message="The given NumPy array is not writable
 
 
 class MnistTask:
+    """The paper's MNIST task: an MLP (784→128→10), its partitions, its gradients and evaluation."""
+
     name = "mnist"
     layers = ((784, 128), (128, 10))
 

@@ -12,6 +12,8 @@ import numpy as np
 
 
 class QuadraticTask:
+    """The quadratic toy: client i's loss is a_i · ‖x − b_i‖², with optional gradient noise."""
+
     name = "quadratic"
 
     def __init__(
