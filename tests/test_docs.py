@@ -177,7 +177,7 @@ def test_the_defaults_quoted_in_prose_are_the_codes():
     signature = inspect.signature(AsyncStrategy.__init__).parameters
     assert signature["outlier_factor"].default == peer_bounds.OUTLIER_FACTOR
     assert signature["clip_factor"].default == peer_bounds.CLIP_FACTOR
-    number = r"([\d.,]+)"
+    number = r"(\d[\d,]*(?:\.\d+)?)"
     rel = "docs/reliability.md"
     assert_quoted(rel, rf"\(`outlier_factor`, {number};", f"{peer_bounds.OUTLIER_FACTOR:g}")
     assert_quoted(rel, rf"more than {number} times the lower median", f"{peer_bounds.OUTLIER_FACTOR:g}")
@@ -295,3 +295,23 @@ def test_every_file_named_exists():
             if not any(q.exists() for q in places) and ("/" in name or name not in files):
                 missing.append(f"{p.relative_to(ROOT)}: {name}")
     assert not missing, missing
+
+
+def test_the_population_study_quoted_is_the_configs():
+    """docs/population.md's description of the study is its configuration (``fl_rescaled/population``)."""
+    from fl_rescaled.population import config
+
+    m, pop = config.MODEL, "docs/population.md"
+    assert_quoted(pop, r"N = (\d+) MNIST clients of (\d+) examples each", m["num_clients"], m["partition_size"])
+    assert_quoted(pop, r"`lognormal` profile with spread (\d+(?:\.\d+)?)", f"{m['tau_spread']:g}")
+    assert_quoted(pop, r"a `lognormal` draw around τ_i with σ = (\d+(?:\.\d+)?)", f"{m['delay_sigma']:g}")
+    assert_quoted(pop, r"Availability is `daily` with period (\d+) and fraction (\d+(?:\.\d+)?)",
+                  f"{m['availability_period']:g}", f"{m['availability_fraction']:g}")
+    assert_quoted(pop, r"the budget of (\d+) spans", f"{config.FULL['budget']:g}")
+    assert_quoted(pop, r"median over (\d+) seeds, min–max shaded", config.FULL["seeds"])
+    assert_quoted(pop, r"runs (\w+) methods on one population model",
+                  {6: "six", 5: "five", 7: "seven"}.get(len(config.METHODS), len(config.METHODS)))
+    skews = sorted({f"{s.dirichlet:g}" for s in config.SETTINGS}, reverse=True)
+    cs = sorted({s.concurrency for s in config.SETTINGS})
+    assert_quoted(pop, r"label skew α ∈ \{([\d., ]+)\} × C ∈ \{([\d, ]+)\}", " ".join(skews),
+                  " ".join(map(str, cs)))  # (quoted() drops the commas)
