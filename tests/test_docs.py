@@ -315,3 +315,27 @@ def test_the_population_study_quoted_is_the_configs():
     cs = sorted({s.concurrency for s in config.SETTINGS})
     assert_quoted(pop, r"label skew α ∈ \{([\d., ]+)\} × C ∈ \{([\d, ]+)\}", " ".join(skews),
                   " ".join(map(str, cs)))  # (quoted() drops the commas)
+
+
+@pytest.mark.parametrize("example", ["quickstart-async", "fedavg-subclass"])
+def test_an_examples_run_config_table_is_its_pyproject(example):
+    """The run-config table of an example's README lists every key of its ``pyproject.toml``'s
+    ``[tool.flwr.app.config]`` with that default, and the SuperNodes its federations start."""
+    import tomllib
+
+    folder = ROOT / "examples" / example
+    project = tomllib.loads((folder / "pyproject.toml").read_text())
+    config = project["tool"]["flwr"]["app"]["config"]
+    readme = page(f"examples/{example}/README.md")
+    section = readme.split("## Run config", 1)[1].split("\n## ", 1)[0]
+    rows = dict(re.findall(r"^\| `([\w-]+)` \| `([^`]*)` \|", section, re.M))
+    assert rows == {k: (f'"{v}"' if isinstance(v, str) else str(v)) for k, v in config.items()}
+    counts = {f["options"]["num-supernodes"] for f in project["tool"]["flwr"].get("federations", {}).values()
+              if isinstance(f, dict) and "num-supernodes" in f.get("options", {})}
+    if example == "quickstart-async":  # the page says how many SuperNodes `flwr run .` starts
+        assert len(counts) == 1
+        n = counts.pop()
+        where = f"examples/{example}/README.md"
+        assert_quoted(where, r"trained on MNIST by (\d+) simulated SuperNodes", n)
+        assert_quoted(where, r"Its `options.num-supernodes = (\d+)` gives (\d+) SuperNodes", n, n)
+        assert_quoted(where, r"flwr run \. --stream # FedBuff, 20 updates, (\d+) SuperNodes", n)
