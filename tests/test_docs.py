@@ -229,6 +229,11 @@ def test_the_defaults_quoted_in_prose_are_the_codes():
     cl = "docs/command_line.md"
     assert_quoted(cl, r"`--budget` \(([\d,]+) time units\)", f"{defaults['budget']:g}")
     assert_quoted(cl, r"`--batch-size` \((\d+)\)", defaults["batch_size"])
+    from fl_rescaled.clock import DEFAULT_TAUS
+
+    taus = ",".join(f"{x:g}" for x in DEFAULT_TAUS[:4]) + ",…," + ",".join(f"{x:g}" for x in DEFAULT_TAUS[-2:])
+    assert_quoted("README.md", r"(\d+) clients with τ = ([\d,…]+), budget ([\d,]+), α = 1", len(DEFAULT_TAUS),
+                  taus.replace(",", ""), f"{defaults['budget']:g}")
     assert_quoted(cl, r"by default `--tau-profile (\w+)`", defaults["tau_profile"])
     assert_quoted("docs/runtimes.md", r"`start\(timeout=...\)`, (\d+) s by default", f"{defaults['ttl']:g}")
 
