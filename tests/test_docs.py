@@ -354,3 +354,15 @@ def test_an_examples_run_config_table_is_its_pyproject(example):
         assert_quoted(where, r"trained on MNIST by (\d+) simulated SuperNodes", n)
         assert_quoted(where, r"Its `options.num-supernodes = (\d+)` gives (\d+) SuperNodes", n, n)
         assert_quoted(where, r"flwr run \. --stream # FedBuff, 20 updates, (\d+) SuperNodes", n)
+
+
+def test_the_files_a_deployment_copies_are_the_scripts():
+    """docs/deployment.md lists what ``scripts/deploy_local.py`` copies into the app it submits."""
+    if str(ROOT / "scripts") not in sys.path:
+        sys.path.insert(0, str(ROOT / "scripts"))
+    from deploy.deployment import APP_ITEMS
+
+    sentence = re.search(r"The script copies the app \((.*?)\) to\s+the scratch directory",
+                         page("docs/deployment.md"), re.S)
+    assert sentence, "docs/deployment.md no longer says what the script copies"
+    assert sorted(re.findall(r"`([^`]+)`", sentence.group(1))) == sorted(APP_ITEMS)
