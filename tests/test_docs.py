@@ -366,3 +366,21 @@ def test_the_files_a_deployment_copies_are_the_scripts():
                          page("docs/deployment.md"), re.S)
     assert sentence, "docs/deployment.md no longer says what the script copies"
     assert sorted(re.findall(r"`([^`]+)`", sentence.group(1))) == sorted(APP_ITEMS)
+
+
+def test_the_install_table_is_the_pyprojects():
+    """README.md's install table names each extra of ``pyproject.toml`` and what it pulls in."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    section = page("README.md").split("## Install", 1)[1].split("\n## ", 1)[0]
+    rows = dict(re.findall(r'^\| `pip install "?\.(?:\[(\w+)\])?"?`[^|]*\| ([^|]*) \|', section, re.M))
+    extras = project["optional-dependencies"]
+    assert set(rows) - {""} <= set(extras) and "" in rows
+    assert {re.split(r"[<>=\[]", d)[0] for d in project["dependencies"]} == {"flwr", "numpy", "rich"}
+    assert all(f"`{name}`" in rows[""] for name in ("flwr", "numpy")) and "`rich`" in rows[""]
+    torch = next(d for d in extras["mnist"] if d.startswith("torch"))
+    least = re.search(r">=([\d.]+)", torch).group(1)
+    assert f"torch (≥ {least})" in rows["mnist"]
+    assert "matplotlib" in rows["plots"] and "Ray" in rows["simulation"]
+    assert "pytest" in section and all(re.split(r"[<>=]", d)[0] in section for d in extras["test"][1:])
