@@ -384,3 +384,15 @@ def test_the_install_table_is_the_pyprojects():
     assert f"torch (≥ {least})" in rows["mnist"]
     assert "matplotlib" in rows["plots"] and "Ray" in rows["simulation"]
     assert "pytest" in section and all(re.split(r"[<>=]", d)[0] in section for d in extras["test"][1:])
+
+
+def test_the_flower_app_components_quoted_are_the_pyprojects():
+    """docs/flower_runtimes.md names the project's ServerApp and ClientApp as pyproject.toml declares
+    them, and says the file has no federations section (Flower 1.42 would move it out)."""
+    import tomllib
+
+    flwr = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]
+    components = flwr["app"]["components"]
+    assert_quoted("docs/flower_runtimes.md", r"the components \(`([\w.:]+)` and `([\w.:]+)`\)",
+                  components["serverapp"], components["clientapp"])
+    assert "federations" not in flwr and "It has no `[tool.flwr.federations]` section" in page("docs/flower_runtimes.md")
