@@ -396,3 +396,11 @@ def test_the_flower_app_components_quoted_are_the_pyprojects():
     assert_quoted("docs/flower_runtimes.md", r"the components \(`([\w.:]+)` and `([\w.:]+)`\)",
                   components["serverapp"], components["clientapp"])
     assert "federations" not in flwr and "It has no `[tool.flwr.federations]` section" in page("docs/flower_runtimes.md")
+
+
+def test_the_paper_studys_quick_mode_quoted_is_the_configs():
+    from fl_rescaled.paper import config
+
+    q = config.QUICK
+    assert_quoted("docs/paper.md", r"`python run_sim.py paper --quick` \(budget (\d+), (\d+) seeds, α ∈ \{([\d., ]+)\}",
+                  f"{q['budget']:g}", q["seeds"], " ".join(f"{a:g}" for a in q["grid"]))
