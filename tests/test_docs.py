@@ -404,3 +404,10 @@ def test_the_paper_studys_quick_mode_quoted_is_the_configs():
     q = config.QUICK
     assert_quoted("docs/paper.md", r"`python run_sim.py paper --quick` \(budget (\d+), (\d+) seeds, α ∈ \{([\d., ]+)\}",
                   f"{q['budget']:g}", q["seeds"], " ".join(f"{a:g}" for a in q["grid"]))
+
+
+def test_the_skips_named_are_conftests():
+    """README.md's tests section names the environment variable and every skippable need of conftest.py."""
+    import conftest
+
+    assert_quoted("README.md", r"`(\w+)=([\w,]+)` \(or `all`\)", conftest.ALLOW_SKIP_VAR, "".join(conftest.SKIPPABLE))
