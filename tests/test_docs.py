@@ -1,10 +1,20 @@
-"""The documentation's links lead somewhere: every relative link and image in README.md and the
-pages under docs/ (and the examples' READMEs) names a file of the repository, and every #anchor a
-heading of that file, spelled as GitHub spells it. CI runs the README's test command."""
+"""The documentation says what the code does.
+
+- Its links lead somewhere: every relative link and image in README.md and the pages under docs/
+  (and the examples' READMEs) names a file of the repository, and every #anchor a heading of that
+  file, spelled as GitHub spells it. CI runs the README's test command.
+- Its numbers are the code's (issue 31): the fuzz case and flag counts, the defaults and bounds
+  quoted in prose, the strategy tables, the run-config tables of the examples, the install extras,
+  the files a deployment copies and the modules of the layer table are read from the code here, and
+  every flag and repository path a page names must exist. A change of the code that a page quotes
+  fails one of these tests until the page follows it.
+"""
 
 from __future__ import annotations
 
+import importlib
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -89,9 +99,6 @@ def test_ci_runs_the_readmes_test_command():
 # ============================================================================ numbers the code determines
 # Issue 31: a number, flag, file or default that the pages quote from the code is read from the code
 # here, so that the next change of the code fails this test until the page follows it.
-import importlib  # noqa: E402
-import sys  # noqa: E402
-
 PAGE_TEXT = {p: p.read_text() for p in PAGES}
 
 
@@ -183,7 +190,7 @@ def test_the_defaults_quoted_in_prose_are_the_codes():
     rel = "docs/reliability.md"
     assert_quoted(rel, rf"\(`outlier_factor`, {number};", f"{peer_bounds.OUTLIER_FACTOR:g}")
     assert_quoted(rel, rf"more than {number} times the lower median", f"{peer_bounds.OUTLIER_FACTOR:g}")
-    assert_quoted(rel, rf"of the last (\d+) other workers", peer_bounds.GUARD_WINDOW)
+    assert_quoted(rel, r"of the last (\d+) other workers", peer_bounds.GUARD_WINDOW)
     assert_quoted(rel, rf"\(`clip_factor`, {number};", f"{peer_bounds.CLIP_FACTOR:g}")
     assert_quoted("README.md", rf"clipped to {number} × the others' median", f"{peer_bounds.CLIP_FACTOR:g}")
     assert_quoted("README.md", r"set aside after (\d+) failures", reputation.SET_ASIDE_AFTER)
@@ -198,8 +205,9 @@ def test_the_defaults_quoted_in_prose_are_the_codes():
     for where, pattern in ((rel, r"above (\d+) × its value at the start at (\d+) points in a row"),
                            ("README.md", r"above (\d+) × its start at (\d+) points in a row")):
         assert_quoted(where, pattern, f"{divergence.FACTOR:g}", divergence.POINTS)
-    assert_quoted("*", r"K = ⌈C / 2⌉(?: replies)? \(at least 2, at most (\d+), at most C\)", fedbuff.MAX_DEFAULT_BUFFER)
-    assert_quoted("docs/methods.md", r"K = ⌈C / 2⌉, at least 2, at most (\d+) and at most C", fedbuff.MAX_DEFAULT_BUFFER)
+    most = fedbuff.MAX_DEFAULT_BUFFER
+    assert_quoted("*", r"K = ⌈C / 2⌉(?: replies)? \(at least 2, at most (\d+), at most C\)", most)
+    assert_quoted("docs/methods.md", r"K = ⌈C / 2⌉, at least 2, at most (\d+) and at most C", most)
     assert_quoted("docs/methods.md", r"`--rescaled-max-ratio` \((\d+) by default\)",
                   f"{inspect.signature(RescaledASGD.__init__).parameters['max_ratio'].default:g}")
     assert_quoted("docs/methods.md", r"last m = (\d+) jobs all failed", reputation.SET_ASIDE_AFTER)
@@ -223,7 +231,8 @@ def test_the_defaults_quoted_in_prose_are_the_codes():
 
     assert_quoted("docs/population.md", r"N clients \(at most ([\d,]+), the bound `--num-clients` checks",
                   runspec.MAX_CLIENTS)
-    assert_quoted("docs/population.md", r"default_rng\(\(seed, (0x[0-9A-F]+), i\)\)", f"{delays.SEED_TAG:#X}".replace("0X", "0x"))
+    assert_quoted("docs/population.md", r"default_rng\(\(seed, (0x[0-9A-F]+), i\)\)",
+                  f"{delays.SEED_TAG:#X}".replace("0X", "0x"))
 
     defaults = {f.name: f.default for f in dataclasses.fields(RunSpec)}
     cl = "docs/command_line.md"
@@ -395,14 +404,16 @@ def test_the_flower_app_components_quoted_are_the_pyprojects():
     components = flwr["app"]["components"]
     assert_quoted("docs/flower_runtimes.md", r"the components \(`([\w.:]+)` and `([\w.:]+)`\)",
                   components["serverapp"], components["clientapp"])
-    assert "federations" not in flwr and "It has no `[tool.flwr.federations]` section" in page("docs/flower_runtimes.md")
+    assert "federations" not in flwr
+    assert "It has no `[tool.flwr.federations]` section" in page("docs/flower_runtimes.md")
 
 
 def test_the_paper_studys_quick_mode_quoted_is_the_configs():
     from fl_rescaled.paper import config
 
     q = config.QUICK
-    assert_quoted("docs/paper.md", r"`python run_sim.py paper --quick` \(budget (\d+), (\d+) seeds, α ∈ \{([\d., ]+)\}",
+    assert_quoted("docs/paper.md", r"`python run_sim.py paper --quick` \(budget (\d+), (\d+) seeds, "
+                  r"α ∈ \{([\d., ]+)\}",
                   f"{q['budget']:g}", q["seeds"], " ".join(f"{a:g}" for a in q["grid"]))
 
 
