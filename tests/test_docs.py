@@ -438,8 +438,84 @@ def layer_table_misses() -> list[str]:
     return sorted(w for w in wanted if w not in named)
 
 
-@pytest.mark.xfail(strict=True, reason="docs/architecture.md is being rewritten (issue 31, by its owner): its "
-                   "layer table omits fl_rescaled/population/ and manager/manager.py; drop this mark when the "
-                   "rewrite names them")
 def test_the_layer_table_names_every_module():
     assert not layer_table_misses()
+
+
+# ------------------------------------------------------------------------------ the files of one update
+#: The rule docs/architecture.md states: the server-side files (``fl_rescaled/`` and ``strategies/``,
+#: not the client's side: ``clients/``, ``fl_rescaled/tasks/``, ``fl_rescaled/data/``, nor anything
+#: they call) whose code runs during one ``Driver.update`` of Rescaled ASGD on the in-process Grid,
+#: with the default options: an accepted gradient reply, the 50th update, with no evaluation point
+#: before it; in the order each is first entered.
+CLIENT_SIDE = ("clients/", "fl_rescaled/tasks/", "fl_rescaled/data/")
+
+
+def files_of_one_update() -> list[str]:
+    import sys
+
+    import numpy as np
+    from flwr.app import Array, ArrayRecord
+
+    from fl_rescaled import InProcessGrid, RescaledASGD
+    from fl_rescaled.clients.client_app import app
+    from fl_rescaled.driver import Driver
+    from fl_rescaled.tasks import task_spec
+
+    cfg = {"task": "quadratic", "num-partitions": 3, "quad-a": [1.0] * 3, "quad-b": [0.0, 1.0, 2.0]}
+    driver = Driver(RescaledASGD(lr=0.1, fraction_evaluate=0.0), InProcessGrid(app, 3, seed=0),
+                    ArrayRecord({"model": Array(np.zeros(1))}), time_budget=100.0, eval_every=100.0,
+                    train_config={"task": task_spec(cfg)}, taus=[1.0, 2.0, 3.0], partition_query=True)
+    seen: list[str] = []
+    update, calls = driver.update, [0]
+
+    def rel(filename: str) -> str | None:
+        try:
+            return str(Path(filename).resolve().relative_to(ROOT))
+        except ValueError:
+            return None
+
+    def traced():
+        calls[0] += 1
+        if calls[0] != 50:
+            return update()
+        client = [0]
+
+        def profile(frame, event, arg):
+            where = rel(frame.f_code.co_filename) if event in ("call", "return") else None
+            if where is None:
+                return
+            if where.startswith(CLIENT_SIDE):
+                client[0] += 1 if event == "call" else -1
+            elif event == "call" and not client[0] and where.startswith(("fl_rescaled/", "strategies/")) \
+                    and where not in seen:
+                seen.append(where)
+
+        sys.setprofile(profile)
+        try:
+            comp = update()
+        finally:
+            sys.setprofile(None)
+        assert comp is not None and comp.ok and driver.state.schedule.step == 1  # (accepted; no point before it)
+        return comp
+
+    driver.update = traced
+    driver.run()
+    assert calls[0] > 50
+    return seen
+
+
+def documented_update_files() -> list[str]:
+    """The numbered list of files under docs/architecture.md's "The files one update crosses"."""
+    text = page("docs/architecture.md").split("### The files one update crosses", 1)[1].split("\n#", 1)[0]
+    return re.findall(r"^\d+\. `([^`]+)`", text, re.M)
+
+
+def test_the_files_one_update_crosses_are_the_pages():
+    """docs/architecture.md lists the files one update crosses, by its stated rule, in order; the
+    README and the page say how many. Counted here by tracing the calls of one update."""
+    traced = files_of_one_update()
+    assert documented_update_files() == traced
+    n = len(traced)
+    assert_quoted("docs/architecture.md", r"one update crosses (\d+) files", n)
+    assert_quoted("README.md", r"one update crosses (\d+) files", n)
