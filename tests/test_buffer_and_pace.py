@@ -57,7 +57,7 @@ def test_with_2_of_10_training_fedbuff_steps_every_2_replies_and_a_buffer_of_10_
 
 def model_alpha(n: int, c: int) -> float:
     s = RescaledASGD(reply="model", concurrency=c)
-    run = type("Run", (), {"n": n, "concurrency": min(c, n), "taus": _Table(), "compute_taus": _Table()})()
+    run = type("Run", (), {"n": n, "concurrency": min(c, n), "periods": _Table(), "compute_times": _Table()})()
     return s.cycle_stepsize(run)
 
 
