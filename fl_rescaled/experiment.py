@@ -210,8 +210,10 @@ def _start(spec: RunSpec, cfg: dict[str, Any], task, strategy: AsyncStrategy, x0
         # query, but asking every node of a large population would cost more than the run).
         grid = InProcessGrid(client_app, spec.num_clients, seed=spec.seed, threaded=spec.clock == "wall",
                              workers=spec.workers if spec.clock == "virtual" else 1, ahead=spec.ahead,
-                             ordered_ids=True)
+                             ordered_ids=True, batch=not spec.no_batch)
     train_config: dict[str, Any] = {"task": task_spec(cfg), **local_training(spec, strategy)}
+    if spec.device != "cpu":
+        train_config["device"] = spec.device
     settings = spec.manager
     if clock is None:
         clock = WallClock(spec.time_unit) if spec.clock == "wall" else virtual_clock(spec)
