@@ -32,7 +32,7 @@ from fl_rescaled.tasks.batched import mnist_jobs, quadratic_gradients, resolve_d
 app = BatchedClientApp()
 add_partition_query(app)
 #: MNIST jobs per batch call on the CPU (the calls of one batch run in parallel with --workers ≥ 2)
-CPU_CHUNK = 8
+CPU_CHUNK = 4
 
 
 def partition_id(context: Context) -> int:

@@ -29,6 +29,7 @@ from .availability import availability
 from .clock import Clock, VirtualClock, WallClock, tau_stats
 from .delays import compute_times
 from .grid import InProcessGrid
+from .tasks.batched import resolve_device
 from .layout import decode_array
 from .manager import ManagerObserver
 from .manager.books import PER_WORKER_ROWS
@@ -212,8 +213,8 @@ def _start(spec: RunSpec, cfg: dict[str, Any], task, strategy: AsyncStrategy, x0
                              workers=spec.workers if spec.clock == "virtual" else 1, ahead=spec.ahead,
                              ordered_ids=True, batch=not spec.no_batch)
     train_config: dict[str, Any] = {"task": task_spec(cfg), **local_training(spec, strategy)}
-    if spec.device != "cpu":
-        train_config["device"] = spec.device
+    if spec.device != "cpu" and spec.task == "mnist":
+        train_config["device"] = resolve_device(spec.device)  # (resolved here: a missing GPU fails now)
     settings = spec.manager
     if clock is None:
         clock = WallClock(spec.time_unit) if spec.clock == "wall" else virtual_clock(spec)

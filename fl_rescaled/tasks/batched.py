@@ -35,6 +35,11 @@ def resolve_device(device: str | None) -> str:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device != "cpu" and not device.startswith("cuda"):
         raise ValueError(f"unknown device {device!r}; choose one of {DEVICES}")
+    if device != "cpu":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r}: torch sees no CUDA device here (use cpu or auto)")
     return device
 
 
