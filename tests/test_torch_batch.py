@@ -84,3 +84,39 @@ def test_the_helper_is_an_ordinary_clientapp_with_a_batch_entry():
     assert entry.key(msg) == (3, 0.1, "cpu")  # (steps, lr, device): jobs that can share a call
     rep = app(msg, ctx)  # Flower's way in: one message
     assert not rep.has_error() and list(_arrays(rep)) == list(TinyCNN().state_dict())
+
+
+@pytest.mark.mnist
+def test_the_examples_batched_app_runs_in_process_and_matches_its_unbatched_replies(monkeypatch, mnist_cache):
+    """examples/quickstart-async's ``batched_app`` (its CNN through the helper) with FedBuff in process, and
+    three of its jobs answered in one batch against one by one."""
+    from pathlib import Path
+
+    from fl_rescaled import run_inprocess
+
+    example_dir = Path(__file__).resolve().parents[1] / "examples" / "quickstart-async"
+    monkeypatch.syspath_prepend(str(example_dir))
+    import importlib
+
+    server_app = importlib.import_module("quickstart_async.server_app")
+    batched_app = importlib.import_module("quickstart_async.batched_app")
+    results = []
+    monkeypatch.setattr(server_app, "report", lambda name, initial, result: results.append(result))
+    torch.set_num_threads(1)
+    config = {"strategy": "fedbuff", "num-updates": 2, "examples-per-client": 60, "fraction-evaluate": 0.0,
+              "central-examples": 0}
+    run_inprocess(server_app.app, batched_app.app, num_supernodes=4, app_dir=example_dir, run_config=config)
+    assert results and results[-1].books["replies-accepted"] >= 2
+
+    run_config = {"examples-per-client": 60}
+    replies = {}
+    model = ArrayRecord(importlib.import_module("quickstart_async.task").Net().state_dict())
+    for batch in (False, True):
+        grid = InProcessGrid(batched_app.app, 3, run_config=run_config, batch=batch)
+        msgs = [grid.create_message(RecordDict({"arrays": model, "config": ConfigRecord({"lr": 0.05, "job-seq": j})}),
+                                    "train", n, "1") for j, n in enumerate(grid.get_node_ids())]
+        replies[batch] = list(grid.pull_messages(list(grid.push_messages(msgs))))
+    for one, many in zip(replies[False], replies[True]):
+        a, b = _arrays(one), _arrays(many)
+        for k in a:
+            np.testing.assert_allclose(a[k], b[k], rtol=1e-4, atol=1e-5)
