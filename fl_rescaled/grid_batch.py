@@ -100,16 +100,21 @@ class LazyBatches:
         msgs = [msg for _, msg in members]
         contexts = [self.grid.context(msg.metadata.dst_node_id) for msg in msgs]
         chunks = plan_chunks(len(msgs), self.entry.chunk_size(msgs[0]))
-        replies = self._run_chunks([(msgs[s], contexts[s]) for s in chunks])
+        # A node's messages never run at the same time: with two jobs of one node in the batch, its
+        # calls run in turn (its context's state may change from one to the next).
+        parallel = len({msg.metadata.dst_node_id for msg in msgs}) == len(msgs)
+        replies = self._run_chunks([(msgs[s], contexts[s]) for s in chunks], parallel)
         self.calls += len(chunks)
         self.jobs += len(msgs)
         for (m, msg), ctx, rep in zip(members, contexts, replies):
             self.done[m] = (msg, self.grid._finish(msg, rep, ctx))
 
-    def _run_chunks(self, chunks: list[tuple[Sequence[Message], Sequence[Context]]]) -> list[Message | None]:
-        """Every chunk's replies, in order: the first on this thread, the others on the pool if any."""
+    def _run_chunks(self, chunks: list[tuple[Sequence[Message], Sequence[Context]]],
+                    parallel: bool = True) -> list[Message | None]:
+        """Every chunk's replies, in order: the first on this thread, the others on the pool if any
+        (and ``parallel``), else all in turn."""
         futures: list[Future] = []
-        if self.grid.workers > 1:
+        if self.grid.workers > 1 and parallel and len(chunks) > 1:
             futures = [self.grid._pooled(self._call, *c) for c in chunks[1:]]
             out = self._call(*chunks[0])
             for fut in futures:

@@ -46,12 +46,14 @@ def _app(**kw):
     return torch_client_app(TinyCNN, F.cross_entropy, tiny_data, batch_size=8, local_steps=3, lr=0.1, **kw)
 
 
-@pytest.mark.parametrize("with_seq", [True, False])
-def test_batched_replies_equal_the_unbatched_clientapps(with_seq):
+@pytest.mark.parametrize("with_seq,workers", [(True, 1), (False, 1), (False, 2)])
+def test_batched_replies_equal_the_unbatched_clientapps(with_seq, workers):
+    """Without ``job-seq`` a node counts its jobs in its context: node 0's two jobs keep their order
+    even when the batch's calls (two jobs each) could run on two threads."""
     torch.set_num_threads(1)
     replies = {}
     for batch in (False, True):
-        grid = InProcessGrid(_app(), 3, workers=1, batch=batch)
+        grid = InProcessGrid(_app(chunk=2), 3, workers=workers, batch=batch)
         nodes = list(grid.get_node_ids())
         msgs = []
         for j, model in enumerate(_models(5)):  # node 0 gets two jobs: its job counter moves between them
