@@ -189,7 +189,9 @@ class InProcessGrid(Grid):
         self._local = threading.local()
         #: Lazy batches (``fl_rescaled.grid_batch``) when the ClientApp offers a batch entry, the clock is
         #: virtual and ``batch`` is on; jobs that cannot be batched run one by one, as without it.
-        entry = batch_entry(client_app) if batch and not threaded else None
+        # (A subclass that overrides ``_execute`` customises single jobs: it keeps them single.)
+        own_execute = type(self)._execute is InProcessGrid._execute
+        entry = batch_entry(client_app) if batch and not threaded and own_execute else None
         self.batches = LazyBatches(self, entry, retry_ast_race) if entry is not None else None
         if self.batches is not None:
             self.ahead = False
