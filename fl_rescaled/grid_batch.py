@@ -40,7 +40,8 @@ class LazyBatches:
         self.groups: dict[Hashable, dict[str, Message]] = {}  # key -> pending jobs, in push order
         self.key_of: dict[str, Hashable] = {}
         self.done: dict[str, tuple[Message, Message]] = {}  # computed, not yet pulled
-        #: batch calls made and jobs answered by them (jobs run one by one are not counted)
+        #: batches formed, calls made and jobs answered by them (jobs run one by one are not counted)
+        self.formed = 0
         self.calls = 0
         self.jobs = 0
 
@@ -104,6 +105,7 @@ class LazyBatches:
         # calls run in turn (its context's state may change from one to the next).
         parallel = len({msg.metadata.dst_node_id for msg in msgs}) == len(msgs)
         replies = self._run_chunks([(msgs[s], contexts[s]) for s in chunks], parallel)
+        self.formed += 1
         self.calls += len(chunks)
         self.jobs += len(msgs)
         for (m, msg), ctx, rep in zip(members, contexts, replies):

@@ -115,7 +115,7 @@ def test_the_grid_answers_pending_jobs_in_one_batch_when_one_is_pulled(workers):
     assert _values(list(grid.pull_messages([ids[2]]))) == [4.0]
     assert calls == [3, 3]  # the six pending jobs, in ⌈6/3⌉ calls
     assert _values(list(grid.pull_messages(ids))) == [0.0, 2.0, 6.0, 8.0, 10.0]
-    assert grid.batches.calls == 2 and grid.batches.jobs == 6
+    assert grid.batches.formed == 1 and grid.batches.calls == 2 and grid.batches.jobs == 6
     grid.close()
 
 
