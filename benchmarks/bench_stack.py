@@ -3,13 +3,17 @@
 
 Whole stack: RescaledASGD → AsyncClientManager → InProcessGrid → ClientApp → MNIST gradient, with
 Flower Messages both ways, one torch thread per job (as every run of the project), with
-``--workers 1`` (jobs computed when the loop needs them), ``--workers 2`` (the pool runs only the
-evaluations, of which these runs have two) and ``--workers 2 --ahead`` (the pool computes the jobs in
-flight as soon as they are sent). Bare loops, same N steps on the same partitions:
+``--workers 1`` and ``--workers 2``, each with the jobs in flight computed in lazy batches (the
+default: ``fl_rescaled.grid_batch``) and one by one (``--no-batch``; with ``--ahead`` the pool
+computes them as soon as they are sent). Bare loops, same N steps on the same partitions:
   (1) "same gradient": the task's own gradient function, a Python loop and an in-place update, on
       one torch thread and on torch's default threads;
-  (2) "idiomatic":     nn.Sequential + CrossEntropyLoss + autograd + manual SGD step (default threads).
+  (2) "idiomatic":     nn.Sequential + CrossEntropyLoss + autograd + manual SGD step (default threads);
+  (3) "batched kernel": C = 10 jobs' minibatch draws and gradients per call (``mnist_jobs``), in
+      chunks of ``CPU_CHUNK`` jobs spread over 1 or 2 threads as the stack's batches are, and the same
+      in-place update per gradient: the physical reference of the batched stack (no messages at all).
 The ratio (stack updates/s) / (bare steps/s) is the price of going through Flower's Message API.
+Every row is the median of ``--repeats`` interleaved repeats.
 
     python benchmarks/bench_stack.py [--updates 20000] [--repeats 3]
 """
@@ -17,21 +21,26 @@ The ratio (stack updates/s) / (bare steps/s) is the price of going through Flowe
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
 
 from fl_rescaled.experiment import RunSpec, run
+from fl_rescaled.batching import plan_chunks
+from fl_rescaled.clients.client_app import CPU_CHUNK
 from fl_rescaled.tasks import client_rng, get_task
+from fl_rescaled.tasks.batched import mnist_jobs
 
 
-def bench_stack(n_updates: int, workers: int = 1, ahead: bool = False) -> float:
+def bench_stack(n_updates: int, workers: int = 1, ahead: bool = False, batch: bool = True) -> float:
     # Budget chosen so the default harmonic τ make about n_updates updates (3.875 per time unit).
     budget = n_updates / 3.875
     t0 = time.perf_counter()
     out = run(RunSpec(strategy="rescaled", budget=budget, eval_every=budget * 10, lr=1.0, workers=workers,
-                      ahead=ahead))
+                      ahead=ahead, no_batch=not batch))
     dt = time.perf_counter() - t0
     return out["num_updates"] / dt
 
@@ -48,6 +57,29 @@ def bench_bare_same_gradient(n_steps: int, task, threads: int) -> float:
         x -= np.float32(0.001) * g
     rate = n_steps / (time.perf_counter() - t0)
     torch.set_num_threads(default)
+    return rate
+
+
+def bench_batched_kernel(n_steps: int, task, threads: int, jobs: int = 10) -> float:
+    """``jobs`` gradients per round through ``mnist_jobs``, chunked as the stack's batches, on ``threads``
+    threads of one torch thread each; then each gradient's in-place update, as the bare loop."""
+    torch.set_num_threads(1)
+    x = task.initial_params(0)
+    n = task.num_workers
+    cuts = plan_chunks(jobs, CPU_CHUNK)
+    pool = ThreadPoolExecutor(threads, initializer=torch.set_num_threads, initargs=(1,)) if threads > 1 else None
+    t0 = time.perf_counter()
+    for k0 in range(0, n_steps, jobs):
+        ks = list(range(k0, k0 + jobs))
+        ws = [k % n for k in ks]
+        rngs = [client_rng(0, w, k) for w, k in zip(ws, ks)]
+        calls = [(task, [x] * (c.stop - c.start), ws[c], rngs[c]) for c in cuts]
+        parts = list(pool.map(lambda a: mnist_jobs(*a)[0], calls)) if pool else [mnist_jobs(*a)[0] for a in calls]
+        for g in np.concatenate(parts):
+            x -= np.float32(0.001) * g
+    rate = (n_steps // jobs * jobs) / (time.perf_counter() - t0)
+    if pool:
+        pool.shutdown()
     return rate
 
 
@@ -79,9 +111,13 @@ def main() -> None:
                      "dirichlet-alpha": 0.0})
     task.partition(0)
     cases = {
-        "stack, --workers 1": lambda: bench_stack(args.updates, 1),
-        "stack, --workers 2": lambda: bench_stack(args.updates, 2),
-        "stack, --workers 2 --ahead": lambda: bench_stack(args.updates, 2, True),
+        "stack, --workers 1 (batched)": lambda: bench_stack(args.updates, 1),
+        "stack, --workers 2 (batched)": lambda: bench_stack(args.updates, 2),
+        "stack, --workers 1 --no-batch": lambda: bench_stack(args.updates, 1, batch=False),
+        "stack, --workers 2 --no-batch": lambda: bench_stack(args.updates, 2, batch=False),
+        "stack, --workers 2 --no-batch --ahead": lambda: bench_stack(args.updates, 2, True, batch=False),
+        "batched kernel, C = 10, 1 thread": lambda: bench_batched_kernel(args.updates, task, 1),
+        "batched kernel, C = 10, 2 threads": lambda: bench_batched_kernel(args.updates, task, 2),
         "bare, same gradient, 1 thread": lambda: bench_bare_same_gradient(args.updates, task, 1),
         f"bare, same gradient, {default_threads} threads": lambda: bench_bare_same_gradient(args.updates, task,
                                                                                            default_threads),
@@ -94,14 +130,15 @@ def main() -> None:
         for name, fn in cases.items():
             rows[name].append(fn())
             torch.set_num_threads(default_threads)
-    best = {k: max(v) for k, v in rows.items()}
-    base = best["bare, same gradient, 1 thread"]
-    print(f"torch {torch.__version__}, {args.updates} updates, best of {args.repeats}")
-    for k, v in best.items():
-        print(f"  {k:<40}{v:9.0f} steps/s {1e6 / v:7.0f} µs/step  ×{v / base:.2f} of the 1-thread bare loop"
-              f"   (all: {', '.join(f'{x:.0f}' for x in rows[k])})")
-    print(f"projected 30,000-unit run (116,250 updates, no evaluation), --workers 1: "
-          f"{116250 / best['stack, --workers 1']:.0f} s")
+    mid = {k: statistics.median(v) for k, v in rows.items()}
+    base = mid["bare, same gradient, 1 thread"]
+    kernel = mid["batched kernel, C = 10, 2 threads"]
+    print(f"torch {torch.__version__}, {args.updates} updates, median of {args.repeats} interleaved repeats")
+    for k, v in mid.items():
+        print(f"  {k:<42}{v:9.0f} steps/s {1e6 / v:7.0f} µs/step  ×{v / base:.2f} of the 1-thread bare loop"
+              f"  ×{v / kernel:.2f} of the 2-thread batched kernel   (all: {', '.join(f'{x:.0f}' for x in rows[k])})")
+    print(f"projected 30,000-unit run (116,250 updates, no evaluation), --workers 2: "
+          f"{116250 / mid['stack, --workers 2 (batched)']:.0f} s")
 
 
 if __name__ == "__main__":

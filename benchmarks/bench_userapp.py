@@ -10,6 +10,9 @@ job (the pool's threads and Ray's actors too), no federated or central evaluatio
                            ClientApp on ``run_inprocess``; workers=2: 2 threads compute jobs ahead
   bare loop, 1|2 threads   no Flower: the example's ``Net``/``load_data``/``train``, the same
                            partitions, FedBuff's arithmetic in torch; 2 threads: a buffer's 10 jobs
+  batched helper (--helper) the same FedBuff run with the example's ``batched_app`` (``torch_client_app``:
+                           plain SGD, as many minibatch steps as an epoch, the jobs in flight trained
+                           in one ``torch.func.vmap`` per step, on ``--device``), workers=1
   Flower engine, FedAvg    the example's ServerApp with Flower's FedAvg (N/nodes rounds of every
                            node) and its ClientApp on the Simulation Engine (Ray, 2 CPUs, 1 actor
                            each), as ``run_on_flower_engine`` runs it
@@ -32,12 +35,14 @@ docs/performance.md): Flower's ``Array`` (de)serialisation replaced by fl_rescal
 
     python benchmarks/bench_userapp.py [--trainings 60] [--repeats 3] [--nodes 10] [--no-flower]
         [--examples-per-client 500] [--local-epochs 1] [--fraction-evaluate 0] [--cached-codec] [--json]
+        [--helper [--device cpu|cuda|auto]]
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import math
 import json
 import logging
 import os
@@ -68,6 +73,7 @@ from flwr.serverapp import Grid  # noqa: E402
 from fl_rescaled import run_inprocess  # noqa: E402
 from fl_rescaled.inprocess import app_run_config  # noqa: E402
 from fl_rescaled.layout import decode_array, encode_array  # noqa: E402
+from fl_rescaled.torch_batch import torch_client_app  # noqa: E402
 from quickstart_async import client_app as example_client  # noqa: E402
 from quickstart_async import server_app as example_server  # noqa: E402
 from quickstart_async import task  # noqa: E402
@@ -233,6 +239,34 @@ def inprocess(args: argparse.Namespace, workers: int) -> tuple[int, int]:
     return accepted, app.count("evaluate")
 
 
+def helper_app(args: argparse.Namespace) -> tuple[ClientApp, list[int]]:
+    """The example's ``batched_app`` rebuilt for this run's config (epoch → steps), and its evaluations."""
+    from quickstart_async.batched_app import client_data
+
+    cfg = app_run_config(EXAMPLE_DIR, app_config(args))
+    bs = int(cfg["batch-size"])
+    steps = int(cfg["local-epochs"]) * math.ceil(round(task.TRAIN_SHARE * int(cfg["examples-per-client"])) / bs)
+    app = torch_client_app(task.Net, torch.nn.functional.cross_entropy, client_data, batch_size=bs,
+                           local_steps=steps, lr=float(cfg["learning-rate"]), device=args.device)
+    evaluations: list[int] = []
+
+    def evaluate(msg: Message, context: Context) -> Message:
+        evaluations.append(1)
+        return example_client.evaluate(msg, context)
+
+    app.evaluate()(evaluate)
+    return app, evaluations
+
+
+def inprocess_helper(args: argparse.Namespace) -> tuple[int, int]:
+    """The example's ServerApp with FedBuff and the batched helper's ClientApp, in process, workers=1."""
+    app, evaluations = helper_app(args)
+    config = app_config(args, strategy="fedbuff", **{"num-updates": args.trainings // BUFFER})
+    run_inprocess(example_server.app, app, num_supernodes=args.nodes, app_dir=EXAMPLE_DIR, run_config=config,
+                  workers=1)
+    return int(Captured.result.books["replies-accepted"]), len(evaluations)
+
+
 def bare_loop(args: argparse.Namespace, threads: int) -> tuple[int, int]:
     """FedBuff's work without Flower (see the module's docstring): (trainings it ran, 0)."""
     cfg = app_run_config(EXAMPLE_DIR, app_config(args))
@@ -272,7 +306,8 @@ BARE1, BARE2 = "bare loop, 1 thread", "bare loop, 2 threads"
 ENGINE_COLD, ENGINE = "Flower engine FedAvg, 1st run (cold)", "Flower engine FedAvg, warm"
 BARE_ALONGSIDE = "bare loop, 1 thread, in the simulation"
 #: Threads that compute jobs (the engine's rows: --num-cpus actors).
-CORES = {IN1: 1, IN2: 2, IN1_CODEC: 1, BARE1: 1, BARE2: 2, BARE_ALONGSIDE: 1}
+HELPER = "in-process FedBuff, batched helper"
+CORES = {IN1: 1, IN2: 2, IN1_CODEC: 1, BARE1: 1, BARE2: 2, BARE_ALONGSIDE: 1, HELPER: 1}
 
 
 def flower_phase(args: argparse.Namespace, rows: dict[str, list], extra: dict[str, float]) -> None:
@@ -333,6 +368,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                                            BARE1: lambda: bare_loop(args, 1), BARE2: lambda: bare_loop(args, 2)}
     if args.cached_codec:
         cases[IN1_CODEC] = lambda: with_cached_codec(lambda: inprocess(args, 1))
+    if args.helper:
+        inprocess_helper(small)  # (warm-up)
+        cases[HELPER] = lambda: inprocess_helper(args)
     names = list(cases)
     rows: dict[str, list[dict[str, float]]] = {k: [] for k in names}
     for r in range(args.repeats):  # interleaved, the order rotated, so noise hits every row alike
@@ -390,6 +428,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--num-cpus", type=int, default=2, help="CPUs for Ray (one ClientApp actor each)")
     add("--no-flower", action="store_true", help="skip Flower's Simulation Engine (phase 2)")
     add("--cached-codec", action="store_true", help="add a workers=1 row with another Array codec (an experiment)")
+    add("--helper", action="store_true", help="add the row of the example's batched helper app (batched_app)")
+    add("--device", default="cpu", choices=("cpu", "cuda", "auto"), help="the helper row's device")
     add("--json", action="store_true", help="print the result as JSON")
     return ap.parse_args(argv)
 

@@ -9,6 +9,11 @@ for strategies with ``reply="model"``).
 
 All randomness of a job comes from (run seed, partition id, job number), so the same job gives the
 same reply on any transport and in any process.
+
+The app is a ``BatchedClientApp``: Flower's runtimes call ``train`` one message at a time, the
+in-process Grid answers the MNIST and quadratic jobs in flight with ``train_many`` in one call
+(``fl_rescaled.tasks.batched``: the same replies up to float rounding). ``device`` in the job config
+(``cpu``, ``cuda``, ``auto``; the ``--device`` option) says where the MNIST kernels run.
 """
 
 from __future__ import annotations
@@ -17,14 +22,17 @@ import time
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
-from flwr.clientapp import ClientApp
 
+from fl_rescaled.batching import BatchedClientApp
 from fl_rescaled.layout import decode_array, encode_array
-from fl_rescaled.messages import add_partition_query
-from fl_rescaled.tasks import get_task, job_rng, local_sgd, scratch
+from fl_rescaled.messages import JOB_TYPE, add_partition_query
+from fl_rescaled.tasks import MnistTask, QuadraticTask, get_task, job_rng, local_sgd, scratch
+from fl_rescaled.tasks.batched import mnist_jobs, quadratic_gradients, resolve_device
 
-app = ClientApp()
+app = BatchedClientApp()
 add_partition_query(app)
+#: MNIST jobs per batch call on the CPU (the calls of one batch run in parallel with --workers ≥ 2)
+CPU_CHUNK = 4
 
 
 def partition_id(context: Context) -> int:
@@ -60,7 +68,13 @@ def train(msg: Message, context: Context) -> Message:
     x = decode_array(arr)
     seq = int(cfg["job-seq"])
     rng = job_rng(task, pid, seq) if getattr(task, "needs_rng", True) else None
-    if cfg.get("mode", "gradient") == "local":
+    device = resolve_device(str(cfg.get("device", "cpu")))
+    if device != "cpu" and type(task) is MnistTask:  # (the batched kernels, one job)
+        steps = int(cfg["local-steps"]) if cfg.get("mode", "gradient") == "local" else 0
+        outs, losses = mnist_jobs(task, [x], [pid], [rng], steps=steps, lr=float(cfg.get("local-lr", 0.0)),
+                                  prox=float(cfg.get("prox", 0.0)), device=device)
+        out, loss, examples = outs[0], losses[0], max(steps, 1) * task.batch_size
+    elif cfg.get("mode", "gradient") == "local":
         steps = int(cfg["local-steps"])
         delta, loss = local_sgd(task, x, pid, rng, steps, float(cfg["local-lr"]), float(cfg.get("prox", 0.0)))
         out, examples = x - delta, steps * task.batch_size  # the trained model y = x − Δ
@@ -78,3 +92,65 @@ def train(msg: Message, context: Context) -> Message:
     reply = ArrayRecord()
     reply[key] = encode_array(np.asarray(out))
     return Message(RecordDict({arrays_key: reply, "metrics": MetricRecord(metrics)}), reply_to=msg)
+
+
+def batch_key(msg: Message):
+    """Jobs of one task, mode and device share a call; emulated compute times and other tasks go one by one."""
+    if msg.metadata.message_type != JOB_TYPE:
+        return None
+    cfg = msg.content["config"]
+    if cfg.get("emulate", ""):
+        return None
+    spec, mode = str(cfg["task"]), str(cfg.get("mode", "gradient"))
+    task = get_task(spec)
+    if type(task) is MnistTask:
+        device = resolve_device(str(cfg.get("device", "cpu")))
+        if mode == "local":
+            return spec, mode, int(cfg["local-steps"]), float(cfg["local-lr"]), float(cfg.get("prox", 0.0)), device
+        return spec, mode, device
+    if type(task) is QuadraticTask and mode != "local":
+        return spec, mode
+    return None
+
+
+def batch_chunk(msg: Message) -> int | None:
+    """CPU MNIST jobs in calls of at most ``CPU_CHUNK`` (spread over the Grid's threads); one call on a GPU."""
+    key = batch_key(msg)
+    return CPU_CHUNK if key is not None and key[-1] == "cpu" else None
+
+
+@app.batch(key=batch_key, chunk=batch_chunk)
+def train_many(msgs: list[Message], contexts: list[Context]) -> list[Message]:
+    """Answer many ``train`` messages of one batch key at once (``train``'s replies, up to rounding)."""
+    t0 = time.perf_counter()
+    cfg: ConfigRecord = msgs[0].content["config"]
+    task = get_task(str(cfg["task"]))
+    pids = [partition_id(c) for c in contexts]
+    keys, xs, rngs = [], [], []
+    for msg, pid in zip(msgs, pids):
+        content = msg.content
+        arrays_key = next(k for k, v in content.items() if isinstance(v, ArrayRecord))
+        (key, arr), = content[arrays_key].items()
+        keys.append((arrays_key, key))
+        xs.append(decode_array(arr))
+        seq = int(content["config"]["job-seq"])
+        rngs.append(job_rng(task, pid, seq) if getattr(task, "needs_rng", True) else None)
+    if type(task) is QuadraticTask:
+        outs, losses = quadratic_gradients(task, xs, pids, rngs)
+        examples = task.batch_size
+    elif cfg.get("mode", "gradient") == "local":
+        steps = int(cfg["local-steps"])
+        outs, losses = mnist_jobs(task, xs, pids, rngs, steps=steps, lr=float(cfg["local-lr"]),
+                                  prox=float(cfg.get("prox", 0.0)), device=str(cfg.get("device", "cpu")))
+        examples = steps * task.batch_size
+    else:
+        outs, losses = mnist_jobs(task, xs, pids, rngs, device=str(cfg.get("device", "cpu")))
+        examples = task.batch_size
+    share = (time.perf_counter() - t0) / len(msgs)
+    replies = []
+    for msg, (arrays_key, key), out, loss in zip(msgs, keys, outs, losses):
+        record = ArrayRecord()
+        record[key] = encode_array(out)
+        metrics = {"loss": float(loss), "num-examples": int(examples), "compute-time": share}
+        replies.append(Message(RecordDict({arrays_key: record, "metrics": MetricRecord(metrics)}), reply_to=msg))
+    return replies

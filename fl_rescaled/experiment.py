@@ -30,6 +30,7 @@ from .clock import Clock, VirtualClock, WallClock, tau_stats
 from .delays import compute_times
 from .driver import Driver
 from .grid import InProcessGrid
+from .tasks.batched import resolve_device
 from .layout import decode_array
 from .manager import ManagerObserver
 from .manager.books import PER_WORKER_ROWS
@@ -203,14 +204,17 @@ def _start(spec: RunSpec, cfg: dict[str, Any], task, strategy: AsyncStrategy, x0
     return the finished run's driver and the wall seconds the loop took."""
     if spec.task == "mnist":
         _set_torch_threads(spec.torch_threads)
+    in_process = grid is None
     if grid is None:
         # On the wall clock every node computes on its own thread, as real nodes would.
         # Its node ids ascend with the partitions (the project's ClientApp answers the partition
         # query, but asking every node of a large population would cost more than the run).
         grid = InProcessGrid(client_app, spec.num_clients, seed=spec.seed, threaded=spec.clock == "wall",
                              workers=spec.workers if spec.clock == "virtual" else 1, ahead=spec.ahead,
-                             ordered_ids=True)
+                             ordered_ids=True, batch=not spec.no_batch)
     train_config: dict[str, Any] = {"task": task_spec(cfg), **local_training(spec, strategy)}
+    if spec.device != "cpu" and spec.task == "mnist":  # (in process: resolved here, a missing GPU fails now)
+        train_config["device"] = resolve_device(spec.device) if in_process else spec.device
     settings = spec.manager
     if clock is None:
         clock = WallClock(spec.time_unit) if spec.clock == "wall" else virtual_clock(spec)

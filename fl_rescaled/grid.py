@@ -23,6 +23,12 @@ each other. Each pool thread runs torch with the calling thread's intra-op threa
 reply and evaluation has the same bits as with ``workers=1``. Threads, not processes: measured on
 2 cores, a job's IPC (two 400 KB copies through pipes) costs more than it saves, while the parts of
 a job that release the GIL (torch's kernels) run in parallel on threads.
+
+``batch=True`` (the default; virtual clock): when the ClientApp offers a batch entry
+(``fl_rescaled.batching``), a job is computed only when pulled, together with every pending job
+that can share the call (``fl_rescaled.grid_batch``); ``ahead`` is then off, and ``workers`` ≥ 2
+run the calls of one batch in parallel. Batches depend on the order of events only, so the bits
+are the same for any ``workers``.
 """
 
 from __future__ import annotations
@@ -44,7 +50,9 @@ from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
+from .batching import batch_entry
 from .grid_api import set_message_id
+from .grid_batch import LazyBatches
 from .matching import mismatch, unmatched_error
 
 
@@ -141,6 +149,7 @@ class InProcessGrid(Grid):
         workers: int = 1,
         ahead: bool = True,
         ordered_ids: bool = False,
+        batch: bool = True,
     ) -> None:
         if num_nodes < 1:
             raise ValueError("num_nodes must be at least 1")
@@ -178,6 +187,14 @@ class InProcessGrid(Grid):
         self._node_locks: dict[int, threading.Lock] = {}
         self._torch_threads: int | None = None  # the caller's torch intra-op threads, mirrored in the pool
         self._local = threading.local()
+        #: Lazy batches (``fl_rescaled.grid_batch``) when the ClientApp offers a batch entry, the clock is
+        #: virtual and ``batch`` is on; jobs that cannot be batched run one by one, as without it.
+        # (A subclass that overrides ``_execute`` customises single jobs: it keeps them single.)
+        own_execute = type(self)._execute is InProcessGrid._execute
+        entry = batch_entry(client_app) if batch and not threaded and own_execute else None
+        self.batches = LazyBatches(self, entry, retry_ast_race) if entry is not None else None
+        if self.batches is not None:
+            self.ahead = False
 
     def context(self, node_id: int, partition: int | None = None) -> Context:
         """The node's ``Context`` (made on first use, as a SuperNode makes it when it starts)."""
@@ -255,7 +272,8 @@ class InProcessGrid(Grid):
         futures = [self._futures[m] for m in message_ids if m in self._futures]
         if futures:
             wait(futures, timeout=timeout)
-        elif not any(m in self._pending for m in message_ids):  # nothing of ours to wait for: do not spin
+        elif not any(m in self._pending or (self.batches and self.batches.holds(m)) for m in message_ids):
+            # nothing of ours to wait for: do not spin
             time.sleep(0.001 if timeout is None else max(0.0, min(0.001, timeout)))
 
     # -- Grid API
@@ -289,7 +307,7 @@ class InProcessGrid(Grid):
                 self._futures[mid] = self._executors[nid].submit(self._execute, msg)
             elif self.ahead:
                 self._futures[mid] = self._pooled(self._execute_in_order, msg)
-            else:
+            elif self.batches is None or not self.batches.push(mid, msg):
                 self._pending[mid] = msg
             ids.append(mid)
         self.messages_pushed += len(ids)
@@ -308,6 +326,10 @@ class InProcessGrid(Grid):
             msg = self._pending.pop(mid, None)
             if msg is not None:
                 replies.append(self._execute(msg))
+            elif self.batches is not None:
+                rep = self.batches.reply(mid)
+                if rep is not None:
+                    replies.append(rep)
         return replies
 
     def discard_messages(self, message_ids: Iterable[str]) -> None:
@@ -315,6 +337,8 @@ class InProcessGrid(Grid):
         the client manager uses it, when present, for cancelled jobs)."""
         for mid in message_ids:
             self._pending.pop(mid, None)
+            if self.batches is not None:
+                self.batches.discard(mid)
             fut = self._futures.pop(mid, None)
             if fut is not None:
                 fut.cancel()
@@ -341,13 +365,23 @@ class InProcessGrid(Grid):
                 Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(exc)}:<'{exc}'>"),
                 reply_to=msg,
             )
-        else:
-            why = mismatch(msg, reply)
-            if why is not None:  # (Flower's SuperLink refuses such a reply; here its job fails at once)
-                reply = unmatched_error(msg, reply, why)
-        if len(self.node_ids) > KEEP_ALL_CONTEXTS and self._pristine(ctx, partition):
-            self.contexts.pop(nid, None)  # a fresh one is the same: memory grows with the jobs in flight, not N
+            set_message_id(reply, f"r{msg.metadata.message_id}")
+            return self._forget_pristine(reply, ctx, partition)
+        return self._finish(msg, reply, ctx, partition)
+
+    def _finish(self, msg: Message, reply: Message | None, ctx: Context, partition: int | None = -1) -> Message:
+        """A ClientApp's ``reply`` to ``msg`` as the Grid hands it over (None: compute it alone now)."""
+        if reply is None:
+            return self._execute(msg)
+        why = mismatch(msg, reply)
+        if why is not None:  # (Flower's SuperLink refuses such a reply; here its job fails at once)
+            reply = unmatched_error(msg, reply, why)
         set_message_id(reply, f"r{msg.metadata.message_id}")
+        return self._forget_pristine(reply, ctx, self._partition(ctx.node_id) if partition == -1 else partition)
+
+    def _forget_pristine(self, reply: Message, ctx: Context, partition: int | None) -> Message:
+        if len(self.node_ids) > KEEP_ALL_CONTEXTS and self._pristine(ctx, partition):
+            self.contexts.pop(ctx.node_id, None)  # a fresh one is the same: memory grows with the jobs in flight, not N
         return reply
 
     def _pristine(self, ctx: Context, partition: int | None) -> bool:

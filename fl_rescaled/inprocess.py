@@ -40,6 +40,7 @@ def run_inprocess(
     threaded: bool = False,
     workers: int = 1,
     ahead: bool = True,
+    batch: bool = True,
 ) -> Result | None:
     """Run ``server_app`` against ``num_supernodes`` nodes of ``client_app`` in this process.
 
@@ -68,7 +69,11 @@ def run_inprocess(
         training loops) run in parallel.
     ahead : bool (default: True)
         With ``workers`` ≥ 2: compute the jobs on the pool as soon as they are sent (False: only the
-        evaluations run there).
+        evaluations run there). Off when the jobs are batched.
+    batch : bool (default: True)
+        When ``client_app`` offers a batch entry (``fl_rescaled.batching.BatchedClientApp``, such as
+        ``fl_rescaled.torch_batch.torch_client_app`` builds): compute the jobs in flight lazily, in
+        batches (``fl_rescaled.grid_batch``). Other ClientApps run one job at a time either way.
 
     Returns
     -------
@@ -81,7 +86,7 @@ def run_inprocess(
     if node_configs is not None and len(node_configs) != num_supernodes:
         raise ValueError(f"node_configs has {len(node_configs)} entries for {num_supernodes} nodes")
     grid = InProcessGrid(client_app, num_supernodes, run_config=config, node_configs=node_configs, seed=seed,
-                         threaded=threaded, workers=workers, ahead=ahead)
+                         threaded=threaded, workers=workers, ahead=ahead, batch=batch)
     context = Context(run_id=grid.run.run_id, node_id=SUPERLINK_NODE_ID, node_config={}, state=RecordDict(),
                       run_config=dict(config))
     try:

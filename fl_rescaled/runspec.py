@@ -120,6 +120,10 @@ class RunSpec:
     ahead: bool = setting(False, "compute the jobs in flight on the --workers threads as soon as they are sent (pays "
                                  "off when a job's work releases the GIL, as a CNN's local epochs do; the MNIST MLP's "
                                  "one minibatch gradient does not: see the README)")
+    no_batch: bool = setting(False, "in-process Grid, virtual clock: compute the jobs in flight one by one instead of "
+                                    "in lazy batches (same results up to float rounding; see docs/performance.md)")
+    device: str = setting("cpu", "where the MNIST task's jobs compute: cpu | cuda | auto (cuda when available)",
+                          choices=("cpu", "cuda", "auto"))
     torch_threads: int = setting(1, "torch threads per job and per evaluation (the same for any --workers, so "
                                     "trajectories match; the paper study ran with 1)", low=1, high=1024)
     out: str | None = setting(None, "a folder for the CSV, PNG and final model of the run (and its checkpoint)")
@@ -200,7 +204,8 @@ class RunSpec:
 
     def fingerprint(self) -> str:
         """What identifies this run's trajectory (not where it writes, nor how many threads compute it)."""
-        skip = {"out", "progress", "extra", "workers", "ahead", "checkpoint_every", "resume", "checkpoint_name"}
+        skip = {"out", "progress", "extra", "workers", "ahead", "checkpoint_every", "resume", "checkpoint_name",
+                "no_batch", "device"}
         what = {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
         return hashlib.sha256(json.dumps(what, sort_keys=True, default=repr).encode()).hexdigest()
 
@@ -301,11 +306,11 @@ APPLIES_TO: dict[str, tuple[str, Any]] = {
     **_only("the quadratic task", lambda s, st, g: s.task == "quadratic", "quad_a", "quad_b", "quad_dim", "quad_x0",
             "noise"),
     **_only("the mnist task", lambda s, st, g: s.task == "mnist", "dirichlet_alpha", "data_dir", "batch_size",
-            "torch_threads"),
+            "torch_threads", "device"),
     **_only("the wall clock (--clock wall)", lambda s, st, g: s.clock == "wall", "time_unit", "emulate",
             "tau_estimator", "node_refresh"),
-    **_only("the virtual clock", lambda s, st, g: s.clock == "virtual", "workers", "ahead", "delays", "speed_drift",
-            "speed_switch", "availability"),
+    **_only("the virtual clock", lambda s, st, g: s.clock == "virtual", "workers", "ahead", "no_batch", "delays",
+            "speed_drift", "speed_switch", "availability"),
     **_only("--delays lognormal", lambda s, st, g: s.clock == "virtual" and s.delays == "lognormal", "delay_sigma"),
     **_only("--delays pareto", lambda s, st, g: s.clock == "virtual" and s.delays == "pareto", "delay_alpha"),
     **_only("--delays trace", lambda s, st, g: s.clock == "virtual" and s.delays == "trace", "delay_trace"),

@@ -94,3 +94,11 @@ def test_command_line_prints_the_table(mnist_cache):
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert [row["trainings"] for row in out["table"]] == [10, 10, 10, 10]
     assert out["nproc"] >= 1 and len(out["loadavg"]) == 3
+
+
+@pytest.mark.mnist
+def test_the_batched_helper_row_does_the_same_trainings(bench, mnist_cache):
+    out = bench.measure(bench.parse_args([*TINY, "--helper"]))
+    table = {row["row"]: row for row in out["table"]}
+    assert list(table)[-1] == bench.HELPER
+    assert table[bench.HELPER]["trainings"] == 10 and table[bench.HELPER]["evaluations"] == 0

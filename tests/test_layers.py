@@ -22,7 +22,8 @@ from conftest import ROOT
 SOURCES = {"fl_rescaled": ROOT / "fl_rescaled", "fl_rescaled.strategies": ROOT / "strategies",
            "fl_rescaled.clients": ROOT / "clients"}
 
-CORE = {"clock", "errors", "timeline", "layout", "matching", "messages", "stepsizes", "manager", "grid", "grid_api", "inprocess", "tasks", "data",
+CORE = {"clock", "errors", "timeline", "layout", "matching", "messages", "stepsizes", "manager", "grid", "grid_api",
+        "grid_batch", "batching", "torch_batch", "inprocess", "tasks", "data",
         "codec", "reporting", "runstate", "driver", "run_api", "algorithm", "settings", "delays", "speeds", "availability",
         "traces",
         "metrics", "checkpoints", "bounds", "peer_bounds", "divergence", "failures", "matching"}

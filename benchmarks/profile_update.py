@@ -1,0 +1,101 @@
+#!/usr/bin/env python
+"""Where an update's time goes: the MNIST stack under cProfile, each function's own time put in a bin.
+
+One process, one torch thread, ``--workers 1``, no evaluation inside the timed run; the same run
+with the jobs in flight batched (the default) and one by one (``--no-batch``). The bins: torch's
+kernels (the gradient itself), Flower's records and messages (``flwr``), the manager, driver and
+strategy, validation and encoding (``layout``, ``bounds``, ``peer_bounds``, ``messages``,
+``matching``), the in-process Grid (``grid``, ``grid_batch``, ``batching``), the ClientApp and the
+task's Python (``clients``, ``tasks``: decoding, job generators, minibatch draws), numpy, the rest.
+cProfile slows Python down, not the kernels: the scaled column keeps the kernels' time and shrinks
+the other bins alike to the unprofiled wall time of the same run (an estimate).
+
+    PYTHONPATH=. python benchmarks/profile_update.py [--updates 8000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import time
+
+import torch
+
+from fl_rescaled.experiment import RunSpec, run
+
+BINS = (
+    ("torch kernels", ("{built-in method torch.", "{method '", "torch/")),
+    ("Flower records and messages", ("flwr/",)),
+    ("manager, driver, strategy", ("fl_rescaled/manager/", "fl_rescaled/driver", "fl_rescaled/algorithm",
+                                   "strategies/", "fl_rescaled/runstate", "fl_rescaled/stepsizes",
+                                   "fl_rescaled/clock", "fl_rescaled/divergence")),
+    ("validation and encoding", ("fl_rescaled/layout", "fl_rescaled/bounds", "fl_rescaled/peer_bounds",
+                                 "fl_rescaled/messages", "fl_rescaled/matching")),
+    ("in-process Grid", ("fl_rescaled/grid", "fl_rescaled/batching")),
+    ("ClientApp and task (Python)", ("clients/", "fl_rescaled/tasks/")),
+    ("numpy", ("numpy/",)),
+)
+
+
+def _bin(where: str, name: str) -> str:
+    if where == "~":
+        # built-ins: torch's (kernels) if named so, numpy's ufuncs and array methods, else Python's
+        if "torch" in name:
+            return "torch kernels"
+        if "numpy" in name or "ufunc" in name or "ndarray" in name:
+            return "numpy"
+        if "bytes" in name:
+            return "bytes copies (join)"
+        return "Python built-ins"
+    for label, keys in BINS:
+        if any(k in where for k in keys if not k.startswith("{")):
+            return label
+    return "other"
+
+
+def spec(updates: int, batch: bool) -> RunSpec:
+    budget = updates / 3.875
+    return RunSpec(strategy="rescaled", budget=budget, eval_every=budget * 10, lr=1.0, workers=1, no_batch=not batch)
+
+
+def profile(updates: int, batch: bool) -> None:
+    run(spec(500, batch))  # warm-up: data, caches
+    t0 = time.perf_counter()
+    out = run(spec(updates, batch))
+    wall = time.perf_counter() - t0
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    run(spec(updates, batch))
+    prof.disable()
+    profiled = time.perf_counter() - t0
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    bins: dict[str, float] = {}
+    for (path, _line, name), (_cc, _nc, tottime, _ct, _callers) in stats.items():
+        b = _bin(path, name)
+        bins[b] = bins.get(b, 0.0) + tottime
+    n = out["num_updates"]
+    total = sum(bins.values())
+    kern = bins.get("torch kernels", 0.0)
+    shrink = max(wall - kern, 0.0) / max(profiled - kern, 1e-9)
+    print(f"\n{'batched' if batch else 'one by one (--no-batch)'}: {n} updates, {1e6 * wall / n:.0f} µs/update "
+          f"unprofiled, {1e6 * profiled / n:.0f} µs/update profiled")
+    print(f"  {'bin':<30}{'profiled µs/update':>20}{'scaled to wall':>16}{'share':>8}")
+    for b, t in sorted(bins.items(), key=lambda kv: -kv[1]):
+        scaled = t if b == "torch kernels" else t * shrink
+        print(f"  {b:<30}{1e6 * t / n:20.0f}{1e6 * scaled / n:16.0f}{t / total:8.0%}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--updates", type=int, default=8000)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    print(f"torch {torch.__version__}, 1 thread")
+    for batch in (False, True):
+        profile(args.updates, batch)
+
+
+if __name__ == "__main__":
+    main()

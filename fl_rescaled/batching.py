@@ -1,0 +1,106 @@
+"""Batched ClientApps: one call that answers many jobs in flight, for the in-process Grid.
+
+A ``BatchedClientApp`` is an ordinary Flower ``ClientApp`` (Flower's engine and a deployment call
+it one message at a time, as any other) that also registers a *batch entry*:
+
+- ``key(msg)``: a hashable that says which messages may be answered in one call (equal keys), or
+  None for a message that must go one by one;
+- ``fn(msgs, contexts)``: the replies to ``msgs`` (same order), each the reply the app's own
+  ``train``/``evaluate`` function would give to that message in that context, up to float rounding;
+- ``chunk(msg)`` (optional): at most this many messages per call (None: all in one call).
+
+The in-process Grid (``fl_rescaled.grid``) computes a job's reply only when the strategy needs it,
+and then answers every pending job of the same key at once (``plan_chunks`` cuts them into calls of
+a size that depends only on their number, never on ``--workers``, so the bits of every reply are the
+same for any number of threads). A ClientApp without a batch entry, or one with Flower mods (which
+wrap single calls only), is run one message at a time as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+
+BatchKey = Callable[[Message], Hashable | None]
+BatchFn = Callable[[Sequence[Message], Sequence[Context]], list[Message]]
+
+
+@dataclass(frozen=True)
+class BatchEntry:
+    """What a ``BatchedClientApp`` offers the Grid (see the module docstring)."""
+
+    key: BatchKey
+    fn: BatchFn
+    chunk: Callable[[Message], int | None] | int | None = None
+
+    def chunk_size(self, msg: Message) -> int | None:
+        """At most this many messages per call for a batch that contains ``msg`` (None: no limit)."""
+        size = self.chunk(msg) if callable(self.chunk) else self.chunk
+        return None if size is None else max(1, int(size))
+
+
+class BatchedClientApp(ClientApp):
+    """A Flower ``ClientApp`` that can also answer many messages in one call.
+
+    Register the single-message functions as usual (``@app.train()``, ``@app.evaluate()``), then the
+    batch entry with ``@app.batch(key=...)``::
+
+        app = BatchedClientApp()
+
+        @app.train()
+        def train(msg, context): ...
+
+        @app.batch(key=lambda msg: "train" if msg.metadata.message_type == "train" else None)
+        def train_many(msgs, contexts): ...
+
+    Flower's runtimes never see the batch entry; the in-process Grid uses it (``batch_entry``).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.batch_entry: BatchEntry | None = None
+
+    def batch(self, key: BatchKey, chunk: Callable[[Message], int | None] | int | None = None
+              ) -> Callable[[BatchFn], BatchFn]:
+        """Register ``fn(msgs, contexts) -> replies`` as the batch entry (a decorator).
+
+        Parameters
+        ----------
+        key : callable
+            ``key(msg)``: equal keys may share a call; None sends the message one by one.
+        chunk : int or callable, optional
+            At most this many messages per call (or ``chunk(msg)`` for the batch of ``msg``).
+        """
+        def register(fn: BatchFn) -> BatchFn:
+            self.batch_entry = BatchEntry(key, fn, chunk)
+            return fn
+
+        return register
+
+
+def batch_entry(app: ClientApp) -> BatchEntry | None:
+    """The batch entry ``app`` offers the Grid, or None (not a ``BatchedClientApp``, none registered,
+    or Flower mods, which wrap one call per message, are attached)."""
+    entry = getattr(app, "batch_entry", None)
+    if not isinstance(entry, BatchEntry) or getattr(app, "_mods", None):
+        return None
+    return entry
+
+
+def plan_chunks(n: int, chunk: int | None) -> list[slice]:
+    """Cut ``n`` messages into ⌈n / chunk⌉ consecutive calls of near-equal sizes (a function of ``n``
+    and ``chunk`` only)."""
+    if n <= 0:
+        return []
+    parts = 1 if not chunk else -(-n // chunk)
+    base, extra = divmod(n, parts)
+    out, start = [], 0
+    for i in range(parts):
+        stop = start + base + (1 if i < extra else 0)
+        out.append(slice(start, stop))
+        start = stop
+    return out

@@ -1,0 +1,153 @@
+"""Many jobs of one task in one call: the kernels behind the project ClientApp's batch entry.
+
+Each job has its own model, its own partition and its own random generator (``job_rng``); a batch
+stacks the B models into a (B, P) tensor and draws every job's minibatch from its own generator in
+the order the job would draw it alone, so a batched reply equals the one-by-one reply up to float
+rounding (on the CPUs we tried, bit for bit: ``torch.baddbmm``/``bmm`` compute each slice with the
+same kernel as ``addmm``/``mm`` on one slice).
+
+``device`` is ``"cpu"``, ``"cuda"`` (``"cuda:1"``) or ``"auto"`` (CUDA when available): the models,
+the minibatches and the products go to that device, the training data once per task and device.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .mnist import _SPLITS, MnistTask
+from .quadratic import QuadraticTask
+
+DEVICES = ("cpu", "cuda", "auto")
+_DATA: dict[tuple[int, str], tuple[Any, Any, Any, Any]] = {}
+_DATA_LOCK = threading.Lock()
+
+
+def resolve_device(device: str | None) -> str:
+    """``auto`` → ``cuda`` when torch sees a GPU, else ``cpu``; ``cpu``/``cuda[:i]`` as given."""
+    device = (device or "cpu").strip().lower()
+    if device == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device != "cpu" and not device.startswith("cuda"):
+        raise ValueError(f"unknown device {device!r}; choose one of {DEVICES}")
+    if device != "cpu":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r}: torch sees no CUDA device here (use cpu or auto)")
+    return device
+
+
+def _device_data(task: MnistTask, device: str):
+    """(all partitions' images end to end, their labels, each partition's first row, sizes) on ``device``."""
+    key = (id(task), device)
+    got = _DATA.get(key)
+    if got is None:
+        import torch
+
+        with _DATA_LOCK:
+            got = _DATA.get(key)
+            if got is None:
+                parts = [task.partition(i) for i in range(task.num_workers)]
+                sizes = [int(y.shape[0]) for _, y in parts]
+                starts = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+                X = torch.cat([x for x, _ in parts]).to(device)
+                Y = torch.cat([y for _, y in parts]).to(device)
+                got = _DATA[key] = (X, Y, starts, np.asarray(sizes, np.int64))
+    return got
+
+
+def mnist_minibatches(task: MnistTask, workers: Sequence[int], rngs: Sequence[np.random.Generator],
+                      batch_size: int, device: str = "cpu"):
+    """Every job's minibatch, stacked: images (B, m, 784) and labels (B, m), on ``device``.
+
+    Job j draws ``rng.choice(n_j, m, replace=False)`` from its own generator, as ``MnistTask.minibatch``.
+    """
+    import torch
+
+    X, Y, starts, sizes = _device_data(task, device)
+    m = int(batch_size)
+    if int(sizes[list(workers)].min()) < m:
+        raise ValueError("a partition is smaller than the minibatch: these jobs go one by one")
+    rows = np.empty((len(workers), m), np.int64)
+    for j, (w, rng) in enumerate(zip(workers, rngs)):
+        rows[j] = rng.choice(int(sizes[w]), m, replace=False)
+        rows[j] += starts[w]
+    idx = torch.from_numpy(rows.reshape(-1)).to(device)
+    return X.index_select(0, idx).view(len(workers), m, -1), Y.index_select(0, idx).view(len(workers), m)
+
+
+def mlp_gradients(w, xb, yb):
+    """The MLP's minibatch gradients of B jobs at once: (B, P) flat gradients and (B,) mean losses.
+
+    ``w`` is (B, P) float32 (each row a model ``[W1, b1, W2, b2]``), ``xb`` (B, m, 784), ``yb`` (B, m);
+    the same steps as ``mlp_gradient``, one batched product per layer.
+    """
+    import torch
+
+    B = w.shape[0]
+    W1, b1, W2, b2 = w.split(_SPLITS, dim=1)
+    W1 = W1.reshape(B, 128, 784)
+    W2 = W2.reshape(B, 10, 128)
+    m = yb.shape[1]
+    h = torch.relu(torch.baddbmm(b1.unsqueeze(1), xb, W1.transpose(1, 2)))
+    p = torch.softmax(torch.baddbmm(b2.unsqueeze(1), h, W2.transpose(1, 2)), dim=2)
+    y1 = yb.view(B, m, 1)
+    py = p.gather(2, y1)
+    loss = -torch.log(py.clamp_min(1e-30)).mean(dim=(1, 2))
+    p.scatter_(2, y1, py.sub_(1.0))
+    p /= m
+    g = torch.empty(w.shape, dtype=torch.float32, device=w.device)
+    gW1, gb1, gW2, gb2 = g.split(_SPLITS, dim=1)
+    torch.bmm(p.transpose(1, 2), h, out=gW2.view(B, 10, 128))
+    torch.sum(p, 1, out=gb2)
+    dh = torch.bmm(p, W2)
+    dh.mul_(torch.sign(h))
+    torch.bmm(dh.transpose(1, 2), xb, out=gW1.view(B, 128, 784))
+    torch.sum(dh, 1, out=gb1)
+    return g, loss
+
+
+def mnist_jobs(task: MnistTask, xs: Sequence[np.ndarray], workers: Sequence[int],
+               rngs: Sequence[np.random.Generator], *, steps: int = 0, lr: float = 0.0, prox: float = 0.0,
+               device: str = "cpu") -> tuple[np.ndarray, np.ndarray]:
+    """B MNIST jobs: with ``steps`` = 0 their minibatch gradients, else their models after ``steps``
+    local SGD steps at ``lr`` (``local_sgd``'s arithmetic). Returns (B, P) float32 and (B,) losses."""
+    import torch
+
+    device = resolve_device(device)
+    x = torch.from_numpy(np.stack([np.asarray(v, np.float32) for v in xs])).to(device)
+    if steps <= 0:
+        xb, yb = mnist_minibatches(task, workers, rngs, task.batch_size, device)
+        g, loss = mlp_gradients(x, xb, yb)
+        return g.cpu().numpy(), loss.double().cpu().numpy()
+    delta = torch.zeros_like(x)
+    y = x
+    losses = []
+    for _ in range(int(steps)):
+        xb, yb = mnist_minibatches(task, workers, rngs, task.batch_size, device)
+        g, loss = mlp_gradients(y, xb, yb)
+        losses.append(loss.double())
+        if prox:
+            g = g + prox * (y - x)
+        delta += lr * g
+        y = x - delta
+    return y.cpu().numpy(), torch.stack(losses).mean(0).cpu().numpy()
+
+
+def quadratic_gradients(task: QuadraticTask, xs: Sequence[np.ndarray], workers: Sequence[int],
+                        rngs: Sequence[np.random.Generator | None]) -> tuple[np.ndarray, np.ndarray]:
+    """B quadratic gradients 2 a_i (x − b_i) (+ σ·noise from each job's generator) and losses."""
+    x = np.stack([np.asarray(v, np.float64) for v in xs])
+    w = np.asarray(workers, np.int64)
+    a, b = task.a[w][:, None], task.b[w][:, None]
+    d = x - b
+    g = 2.0 * a * d
+    if task.noise > 0:
+        g += task.noise * np.stack([rng.standard_normal(task.dim) for rng in rngs])
+    return g, a[:, 0] * np.sum(d**2, axis=1)

@@ -1,0 +1,196 @@
+"""A batched ClientApp from a torch model, a loss and each client's data (``torch.func``).
+
+``torch_client_app(model_fn, loss_fn, data_fn)`` returns a ``BatchedClientApp`` whose ``train``
+does ``local-steps`` steps of plain SGD (no momentum) from the model it receives and replies with
+the trained model, in the message's own ``ArrayRecord`` layout (its ``state_dict`` keys):
+
+- one message at a time (Flower's engine, a deployment) it runs ``nn.Module`` and autograd;
+- the in-process Grid answers the jobs in flight in one call: the B received models are stacked
+  parameter by parameter and one ``torch.func.vmap`` of ``grad`` of ``functional_call`` computes the
+  B minibatch gradients of each step at once, on ``device``.
+
+Both draw step q's minibatch of ``batch_size`` rows without replacement from the client's data with
+one generator per job, seeded from (``seed``, partition id, job number): the job number is the
+config's ``job-seq`` when the server sends one, else the count of jobs the node has trained (kept in
+its context's state). So a job's reply is a function of its message and its node's history, and the
+batched reply equals the unbatched one up to float rounding. Models whose buffers change in training
+(BatchNorm's running statistics) are outside this helper: buffers are sent back as received.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+
+from .batching import BatchedClientApp
+from .layout import decode_array, encode_array
+from .messages import JOB_TYPE
+from .tasks.batched import resolve_device
+
+#: The context state record where a node counts its trained jobs (when messages carry no ``job-seq``).
+STATE_KEY = "torch-batch"
+
+
+def _job_number(msg: Message, context: Context) -> int:
+    cfg = msg.content["config"] if "config" in msg.content else ConfigRecord()
+    if "job-seq" in cfg:
+        return int(cfg["job-seq"])
+    rec = context.state.get(STATE_KEY) if STATE_KEY in context.state else None
+    seq = int(rec["jobs"]) if rec is not None else 0
+    context.state[STATE_KEY] = ConfigRecord({"jobs": seq + 1})
+    return seq
+
+
+class _Helper:
+    """The pieces both entries share: data per partition, config reading, minibatch rows."""
+
+    def __init__(self, model_fn, loss_fn, data_fn, batch_size, local_steps, lr, seed, device, arrays_key):
+        self.model_fn, self.loss_fn, self.data_fn = model_fn, loss_fn, data_fn
+        self.batch_size, self.local_steps, self.lr, self.seed = int(batch_size), int(local_steps), lr, int(seed)
+        self.device, self.arrays_key = device, arrays_key
+        self._data: dict[tuple[int, str], tuple[Any, Any]] = {}
+
+    def data(self, context: Context, device: str):
+        pid = int(context.node_config.get("partition-id", 0))
+        got = self._data.get((pid, device))
+        if got is None:
+            x, y = self.data_fn(context)
+            got = self._data[(pid, device)] = (x.to(device), y.to(device))
+        return got
+
+    def settings(self, msg: Message) -> tuple[int, float, str]:
+        cfg = msg.content["config"] if "config" in msg.content else ConfigRecord()
+        steps = int(cfg.get("local-steps", self.local_steps))
+        lr = float(cfg.get("local-lr", cfg.get("lr", self.lr)))
+        return steps, lr, resolve_device(str(cfg.get("device", self.device)))
+
+    def rows(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return rng.choice(n, min(self.batch_size, n), replace=False)
+
+    def rng(self, msg: Message, context: Context) -> np.random.Generator:
+        pid = int(context.node_config.get("partition-id", 0))
+        return np.random.default_rng((self.seed & 0xFFFFFFFF, 0x7B47, pid, _job_number(msg, context)))
+
+    def reply(self, msg: Message, arrays: dict[str, np.ndarray], loss: float, steps: int) -> Message:
+        record = ArrayRecord()
+        for name, value in arrays.items():
+            record[name] = encode_array(value)
+        metrics = MetricRecord({"train_loss": float(loss), "num-examples": int(steps * self.batch_size)})
+        return Message(RecordDict({self.arrays_key: record, "metrics": metrics}), reply_to=msg)
+
+    def received(self, msg: Message) -> dict[str, np.ndarray]:
+        return {k: decode_array(a) for k, a in msg.content[self.arrays_key].items()}
+
+
+def _train_one(h: _Helper, msg: Message, context: Context) -> Message:
+    """The unbatched entry: ``nn.Module`` and autograd."""
+    import torch
+
+    steps, lr, device = h.settings(msg)
+    state = h.received(msg)
+    model = h.model_fn().to(device)
+    model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in state.items()})
+    x, y = h.data(context, device)
+    rng = h.rng(msg, context)
+    params = dict(model.named_parameters())
+    losses = []
+    for _ in range(steps):
+        idx = torch.from_numpy(h.rows(rng, int(y.shape[0]))).to(device)
+        model.zero_grad(set_to_none=True)
+        loss = h.loss_fn(model(x.index_select(0, idx)), y.index_select(0, idx))
+        loss.backward()
+        with torch.no_grad():
+            for p in params.values():
+                p -= lr * p.grad
+        losses.append(loss.detach())
+    out = {k: (v.detach().cpu().numpy() if k in params else state[k]) for k, v in model.state_dict().items()}
+    return h.reply(msg, out, float(torch.stack(losses).double().mean()) if losses else 0.0, steps)
+
+
+def _train_many(h: _Helper, msgs: Sequence[Message], contexts: Sequence[Context]) -> list[Message]:
+    """The batched entry: one ``vmap(grad(functional_call))`` per local step for all the jobs."""
+    import torch
+    from torch.func import functional_call, grad_and_value, vmap
+
+    steps, lr, device = h.settings(msgs[0])
+    model = h.model_fn().to(device)
+    names = [n for n, _ in model.named_parameters()]
+    states = [h.received(m) for m in msgs]
+    buffers = {n: torch.from_numpy(np.stack([s[n] for s in states])).to(device) for n, _ in model.named_buffers()}
+    start = {n: torch.from_numpy(np.stack([s[n] for s in states])).to(device) for n in names}
+    data = [h.data(c, device) for c in contexts]
+    rngs = [h.rng(m, c) for m, c in zip(msgs, contexts)]
+
+    def loss_of(params, bufs, xb, yb):
+        return h.loss_fn(functional_call(model, (params, bufs), (xb,)), yb)
+
+    step = vmap(grad_and_value(loss_of))
+    params = dict(start)
+    losses = []
+    for _ in range(steps):
+        rows = [torch.from_numpy(h.rows(r, int(y.shape[0]))).to(device) for r, (_, y) in zip(rngs, data)]
+        xb = torch.stack([x.index_select(0, i) for (x, _), i in zip(data, rows)])
+        yb = torch.stack([y.index_select(0, i) for (_, y), i in zip(data, rows)])
+        grads, loss = step(params, buffers, xb, yb)
+        params = {n: params[n] - lr * grads[n] for n in names}
+        losses.append(loss.detach().double())
+    mean = torch.stack(losses).mean(0).cpu().numpy() if losses else np.zeros(len(msgs))
+    host = {n: v.detach().cpu().numpy() for n, v in params.items()}
+    replies = []
+    for j, (msg, state) in enumerate(zip(msgs, states)):
+        out = {k: (host[k][j] if k in host else v) for k, v in state.items()}
+        replies.append(h.reply(msg, out, float(mean[j]), steps))
+    return replies
+
+
+def torch_client_app(model_fn: Callable[[], Any], loss_fn: Callable, data_fn: Callable[[Context], tuple[Any, Any]],
+                     *, batch_size: int = 32, local_steps: int = 1, lr: float = 0.01, seed: int = 0,
+                     device: str = "cpu", arrays_key: str = "arrays", chunk: int | None = None
+                     ) -> BatchedClientApp:
+    """A ClientApp that trains a torch model with local SGD, batched across jobs in process.
+
+    Parameters
+    ----------
+    model_fn : callable
+        Builds the ``nn.Module`` (its ``state_dict`` keys are the messages' ``ArrayRecord`` keys).
+    loss_fn : callable
+        ``loss_fn(outputs, targets)``, a scalar mean over the minibatch (``F.cross_entropy``).
+    data_fn : callable
+        ``data_fn(context)``: the node's training (inputs, targets) tensors; called once per partition.
+    batch_size, local_steps, lr : int, int, float
+        Rows per minibatch, SGD steps per job, learning rate (a job config's ``local-steps`` and
+        ``local-lr`` or ``lr`` override the last two).
+    seed : int
+        Seeds the minibatch draws (with the partition id and the job number).
+    device : str
+        ``cpu``, ``cuda`` or ``auto`` (a job config's ``device`` overrides it).
+    arrays_key : str
+        The content key of the model's ``ArrayRecord`` in messages and replies.
+    chunk : int, optional
+        At most this many jobs per batched call (None: all the jobs in flight at once).
+
+    Returns
+    -------
+    BatchedClientApp
+        Register an ``@app.evaluate()`` function on it as on any ClientApp.
+    """
+    h = _Helper(model_fn, loss_fn, data_fn, batch_size, local_steps, lr, seed, device, arrays_key)
+    app = BatchedClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        return _train_one(h, msg, context)
+
+    def key(msg: Message):
+        if msg.metadata.message_type != JOB_TYPE or h.arrays_key not in msg.content:
+            return None
+        return h.settings(msg)
+
+    @app.batch(key=key, chunk=chunk)
+    def train_many(msgs: Sequence[Message], contexts: Sequence[Context]) -> list[Message]:
+        return _train_many(h, msgs, contexts)
+
+    return app

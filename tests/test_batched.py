@@ -1,0 +1,148 @@
+"""Lazy batches of jobs in flight (``fl_rescaled.grid_batch``) and batched ClientApps
+(``fl_rescaled.batching``, ``fl_rescaled.torch_batch``): the same results as one job at a time, within
+float tolerance, and the same bits for any number of threads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from conftest import quad
+from fl_rescaled import InProcessGrid
+from fl_rescaled.batching import BatchedClientApp, batch_entry, plan_chunks
+from fl_rescaled.experiment import RunSpec, run
+
+
+def close_runs(a: dict, b: dict, rtol: float = 1e-4, atol: float = 1e-6) -> None:
+    """The same events and results; values equal up to float rounding."""
+    assert a["num_updates"] == b["num_updates"] and a["updates_per_worker"] == b["updates_per_worker"]
+    assert a["rejected"] == b["rejected"] and a["discarded_per_worker"] == b["discarded_per_worker"]
+    assert [h["time"] for h in a["history"]] == [h["time"] for h in b["history"]]
+    np.testing.assert_allclose(a["final_model"], b["final_model"], rtol=rtol, atol=atol)
+    np.testing.assert_allclose([h["loss"] for h in a["history"]], [h["loss"] for h in b["history"]], rtol=rtol)
+
+
+def same_bits(a: dict, b: dict) -> None:
+    assert a["num_updates"] == b["num_updates"] and a["updates_per_worker"] == b["updates_per_worker"]
+    np.testing.assert_array_equal(a["final_model"], b["final_model"])
+    assert [h["loss"] for h in a["history"]] == [h["loss"] for h in b["history"]]
+
+
+def test_chunks_cover_the_batch_in_near_equal_calls_whatever_the_threads():
+    assert plan_chunks(0, 8) == []
+    assert [s.stop - s.start for s in plan_chunks(10, 8)] == [5, 5]
+    assert [s.stop - s.start for s in plan_chunks(17, 8)] == [6, 6, 5]
+    assert plan_chunks(7, None) == [slice(0, 7)]
+    cuts = plan_chunks(100, 8)
+    assert cuts[0].start == 0 and cuts[-1].stop == 100 and all(a.stop == b.start for a, b in zip(cuts, cuts[1:]))
+
+
+@pytest.mark.parametrize("strategy", ["rescaled", "malenia", "fedbuff"])
+def test_quadratic_batched_equals_one_by_one(strategy):
+    kw = dict(strategy=strategy, taus=[1, 2, 3, 5], quad_a=[1, 2, 1, 3], quad_b=[0, 2, -1, 4], quad_dim=3,
+              noise=0.3, lr=0.05, budget=60, eval_every=3, delays="exponential", seed=4)
+    one = quad(**kw, no_batch=True)
+    batched = [quad(**kw, workers=w) for w in (1, 2, 3)]
+    close_runs(one, batched[0], rtol=1e-9, atol=1e-12)
+    for other in batched[1:]:
+        same_bits(batched[0], other)
+
+
+def _mnist_spec(**kw) -> RunSpec:
+    return RunSpec(task="mnist", strategy="rescaled", budget=20, eval_every=4, lr=1.0, seed=3,
+                   delays="exponential", **kw)
+
+
+@pytest.mark.mnist
+def test_mnist_batched_equals_one_by_one_and_its_bits_do_not_depend_on_the_threads(mnist_cache):
+    one = run(_mnist_spec(no_batch=True, workers=1))
+    batched = [run(_mnist_spec(workers=w)) for w in (1, 2, 3)]
+    assert one["num_updates"] > 50
+    close_runs(one, batched[0], rtol=1e-3, atol=1e-5)
+    for other in batched[1:]:
+        same_bits(batched[0], other)
+
+
+@pytest.mark.mnist
+def test_mnist_local_training_batched_equals_one_by_one(mnist_cache):
+    kw = dict(task="mnist", strategy="fedbuff", budget=8, eval_every=4, seed=1, local_steps=3)
+    one = run(RunSpec(**kw, no_batch=True))
+    batched = run(RunSpec(**kw, workers=2))
+    close_runs(one, batched, rtol=1e-3, atol=1e-5)
+
+
+# -- the Grid with apps that batch, apps that do not, and batches that fail
+
+def _job(grid: InProcessGrid, node: int, value: float, kind: str = "train") -> Message:
+    content = RecordDict({"arrays": ArrayRecord({"x": Array(np.full(3, value))}), "config": ConfigRecord({"k": 1})})
+    return grid.create_message(content, kind, node, "0")
+
+
+def _double(msg: Message, context: Context) -> Message:
+    x = msg.content["arrays"]["x"].numpy()
+    return Message(RecordDict({"arrays": ArrayRecord({"x": Array(2 * x)}),
+                               "metrics": MetricRecord({"p": context.node_config["partition-id"]})}), reply_to=msg)
+
+
+def _doubling_app(calls: list[int], fail: bool = False) -> BatchedClientApp:
+    app = BatchedClientApp()
+    app.train()(_double)
+
+    @app.batch(key=lambda m: "train" if m.metadata.message_type == "train" else None, chunk=3)
+    def many(msgs, contexts):
+        calls.append(len(msgs))
+        if fail:
+            raise RuntimeError("batch broke")
+        return [_double(m, c) for m, c in zip(msgs, contexts)]
+
+    return app
+
+
+def _values(replies: list[Message]) -> list[float]:
+    return [float(r.content["arrays"]["x"].numpy()[0]) for r in replies]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_grid_answers_pending_jobs_in_one_batch_when_one_is_pulled(workers):
+    calls: list[int] = []
+    grid = InProcessGrid(_doubling_app(calls), 4, workers=workers)
+    nodes = list(grid.get_node_ids())
+    ids = list(grid.push_messages([_job(grid, nodes[i % 4], float(i)) for i in range(7)]))
+    grid.discard_messages([ids[6]])
+    assert calls == []  # lazy: nothing computed before a reply is needed
+    assert _values(list(grid.pull_messages([ids[2]]))) == [4.0]
+    assert calls == [3, 3]  # the six pending jobs, in ⌈6/3⌉ calls
+    assert _values(list(grid.pull_messages(ids))) == [0.0, 2.0, 6.0, 8.0, 10.0]
+    assert grid.batches.formed == 1 and grid.batches.calls == 2 and grid.batches.jobs == 6
+    grid.close()
+
+
+def test_a_failing_batch_and_unbatchable_messages_go_one_by_one():
+    calls: list[int] = []
+    grid = InProcessGrid(_doubling_app(calls, fail=True), 2)
+    n0, n1 = grid.get_node_ids()
+    ids = list(grid.push_messages([_job(grid, n0, 1.0), _job(grid, n1, 2.0), _job(grid, n0, 3.0, "evaluate")]))
+    replies = list(grid.pull_messages(ids))
+    assert calls == [2]  # the evaluate message had no key: never in a batch
+    assert [r.has_error() for r in replies] == [False, False, True]  # (the app registers no evaluate)
+    assert _values(replies[:2]) == [2.0, 4.0]
+
+
+def test_a_plain_clientapp_runs_one_by_one_and_an_offline_node_is_unavailable():
+    app = ClientApp()
+    app.train()(_double)
+    assert batch_entry(app) is None
+    grid = InProcessGrid(app, 2)
+    assert grid.batches is None
+    calls: list[int] = []
+    grid = InProcessGrid(_doubling_app(calls), 3)
+    n0, n1, n2 = grid.get_node_ids()
+    ids = list(grid.push_messages([_job(grid, n, 1.0) for n in (n0, n1, n2)]))
+    grid.set_online(n1, False)
+    first = list(grid.pull_messages([ids[0]]))
+    assert calls == [2]  # n1 is down: not in the batch
+    grid.set_online(n2, False)  # down after its reply was computed: unavailable when pulled
+    rest = list(grid.pull_messages(ids[1:]))
+    assert not first[0].has_error() and all(r.has_error() for r in rest)

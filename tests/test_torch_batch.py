@@ -1,0 +1,124 @@
+"""The torch helper (``fl_rescaled.torch_batch``): its batched replies equal its unbatched ClientApp's."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+
+from fl_rescaled import InProcessGrid
+from fl_rescaled.batching import batch_entry
+from fl_rescaled.torch_batch import torch_client_app
+
+torch = pytest.importorskip("torch")
+nn, F = torch.nn, torch.nn.functional
+
+
+class TinyCNN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 3, kernel_size=3)
+        self.fc = nn.Linear(3 * 3 * 3, 4)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(F.max_pool2d(F.relu(self.conv(x)), 2), 1))
+
+
+def tiny_data(context: Context):
+    """40 generated 8×8 images and 4-class labels per partition."""
+    g = torch.Generator().manual_seed(100 + int(context.node_config["partition-id"]))
+    return torch.randn(40, 1, 8, 8, generator=g), torch.randint(0, 4, (40,), generator=g)
+
+
+def _models(n: int) -> list[ArrayRecord]:
+    out = []
+    for i in range(n):
+        torch.manual_seed(i)
+        out.append(ArrayRecord(TinyCNN().state_dict()))
+    return out
+
+
+def _arrays(rep: Message) -> dict[str, np.ndarray]:
+    return {k: v.numpy() for k, v in rep.content["arrays"].items()}
+
+
+def _app(**kw):
+    return torch_client_app(TinyCNN, F.cross_entropy, tiny_data, batch_size=8, local_steps=3, lr=0.1, **kw)
+
+
+@pytest.mark.parametrize("with_seq,workers", [(True, 1), (False, 1), (False, 2)])
+def test_batched_replies_equal_the_unbatched_clientapps(with_seq, workers):
+    """Without ``job-seq`` a node counts its jobs in its context: node 0's two jobs keep their order
+    even when the batch's calls (two jobs each) could run on two threads."""
+    torch.set_num_threads(1)
+    replies = {}
+    for batch in (False, True):
+        grid = InProcessGrid(_app(chunk=2), 3, workers=workers, batch=batch)
+        nodes = list(grid.get_node_ids())
+        msgs = []
+        for j, model in enumerate(_models(5)):  # node 0 gets two jobs: its job counter moves between them
+            cfg = ConfigRecord({"lr": 0.1, **({"job-seq": j} if with_seq else {})})
+            msgs.append(grid.create_message(RecordDict({"arrays": model, "config": cfg}), "train",
+                                            nodes[j % 3] if j < 4 else nodes[0], "1"))
+        ids = list(grid.push_messages(msgs))
+        replies[batch] = list(grid.pull_messages(ids))
+        assert (grid.batches is not None) == batch and (not batch or grid.batches.jobs == 5)
+    for one, many in zip(replies[False], replies[True]):
+        assert not one.has_error() and not many.has_error()
+        a, b = _arrays(one), _arrays(many)
+        assert list(a) == list(b) == list(TinyCNN().state_dict())
+        for k in a:
+            assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape
+            np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(one.content["metrics"]["train_loss"], many.content["metrics"]["train_loss"],
+                                   rtol=1e-5)
+    start = _models(1)[0]["fc.weight"].numpy()
+    assert not np.allclose(_arrays(replies[True][0])["fc.weight"], start)  # it did train
+
+
+def test_the_helper_is_an_ordinary_clientapp_with_a_batch_entry():
+    app = _app()
+    entry = batch_entry(app)
+    assert entry is not None
+    ctx = Context(run_id=1, node_id=5, node_config={"partition-id": 0, "num-partitions": 1}, state=RecordDict(),
+                  run_config={})
+    msg = Message(RecordDict({"arrays": _models(1)[0], "config": ConfigRecord({"job-seq": 0})}), 5, "train")
+    assert entry.key(msg) == (3, 0.1, "cpu")  # (steps, lr, device): jobs that can share a call
+    rep = app(msg, ctx)  # Flower's way in: one message
+    assert not rep.has_error() and list(_arrays(rep)) == list(TinyCNN().state_dict())
+
+
+@pytest.mark.mnist
+def test_the_examples_batched_app_runs_in_process_and_matches_its_unbatched_replies(monkeypatch, mnist_cache):
+    """examples/quickstart-async's ``batched_app`` (its CNN through the helper) with FedBuff in process, and
+    three of its jobs answered in one batch against one by one."""
+    from pathlib import Path
+
+    from fl_rescaled import run_inprocess
+
+    example_dir = Path(__file__).resolve().parents[1] / "examples" / "quickstart-async"
+    monkeypatch.syspath_prepend(str(example_dir))
+    import importlib
+
+    server_app = importlib.import_module("quickstart_async.server_app")
+    batched_app = importlib.import_module("quickstart_async.batched_app")
+    results = []
+    monkeypatch.setattr(server_app, "report", lambda name, initial, result: results.append(result))
+    torch.set_num_threads(1)
+    config = {"strategy": "fedbuff", "num-updates": 2, "examples-per-client": 60, "fraction-evaluate": 0.0,
+              "central-examples": 0}
+    run_inprocess(server_app.app, batched_app.app, num_supernodes=4, app_dir=example_dir, run_config=config)
+    assert results and results[-1].books["replies-accepted"] >= 2
+
+    run_config = {"examples-per-client": 60}
+    replies = {}
+    model = ArrayRecord(importlib.import_module("quickstart_async.task").Net().state_dict())
+    for batch in (False, True):
+        grid = InProcessGrid(batched_app.app, 3, run_config=run_config, batch=batch)
+        msgs = [grid.create_message(RecordDict({"arrays": model, "config": ConfigRecord({"lr": 0.05, "job-seq": j})}),
+                                    "train", n, "1") for j, n in enumerate(grid.get_node_ids())]
+        replies[batch] = list(grid.pull_messages(list(grid.push_messages(msgs))))
+    for one, many in zip(replies[False], replies[True]):
+        a, b = _arrays(one), _arrays(many)
+        for k in a:
+            np.testing.assert_allclose(a[k], b[k], rtol=1e-4, atol=1e-5)
