@@ -38,7 +38,7 @@ from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Result
-from flwr.supercore.run import Run
+from flwr.supercore.run import Run as FlowerRun
 
 from .clients.client_app import app as project_client_app
 from .experiment import RunSpec, resolve, run
@@ -77,11 +77,11 @@ class _AbortableGrid(Grid):
         if self._abort.is_set():
             raise SimulationAborted("Flower's Simulation Engine has stopped")
 
-    def set_run(self, run: Run) -> None:  # pragma: no cover - Flower sets the run before main
+    def set_run(self, run: FlowerRun) -> None:  # pragma: no cover - Flower sets the run before main
         self._inner.set_run(run)
 
     @property
-    def run(self) -> Run:
+    def run(self) -> FlowerRun:
         return self._inner.run
 
     def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,

@@ -47,7 +47,7 @@ from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.serverapp import Grid
-from flwr.supercore.run import Run
+from flwr.supercore.run import Run as FlowerRun
 from flwr.supercore.task_identity import TaskIdentity
 
 from .batching import batch_entry
@@ -157,7 +157,7 @@ class InProcessGrid(Grid):
             raise ValueError(f"workers must be a positive integer, got {workers!r}")
         self.client_app = client_app
         tune_allocator()
-        self._run = Run.create_empty(run_id)
+        self._run = FlowerRun.create_empty(run_id)
         set_server_identity(run_id)
         # Node ids look like Flower's (large random integers) so nothing relies on them being 0..n-1,
         # nor, unless ``ordered_ids``, on their order being the partitions'.
@@ -277,12 +277,12 @@ class InProcessGrid(Grid):
             time.sleep(0.001 if timeout is None else max(0.0, min(0.001, timeout)))
 
     # -- Grid API
-    def set_run(self, run: Run) -> None:
+    def set_run(self, run: FlowerRun) -> None:
         self._run = run
         set_server_identity(run.run_id)
 
     @property
-    def run(self) -> Run:
+    def run(self) -> FlowerRun:
         return self._run
 
     def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
