@@ -38,7 +38,7 @@ from .reporting import all_rejected
 from .runspec import RunSpec, bounded, default_taus, reachable
 from .runstate import Checkpointing
 from .stepsizes import vanilla_stepsize
-from .strategies import AsyncStrategy, options
+from .strategies import AsyncDPFixedClipping, AsyncStrategy, options
 from .tasks import get_task, task_spec
 from .timeline import Timeline, write_run_figures
 
@@ -54,7 +54,16 @@ def make_strategy(spec: RunSpec) -> AsyncStrategy:
     values = {**RUNNER_DEFAULTS, **spec.options}
     if spec.lr is not None:
         values["lr"] = spec.lr
-    return options.build(spec.strategy, values)
+    strategy = options.build(spec.strategy, values)
+    dp = (spec.dp_noise_multiplier, spec.dp_clipping_norm)
+    if dp == (None, None):
+        if spec.dp_delta is not None or spec.dp_target_epsilon is not None:
+            raise ValueError("--dp-delta and --dp-target-epsilon need --dp-noise-multiplier and --dp-clipping-norm")
+        return strategy
+    if None in dp:
+        raise ValueError("differential privacy needs both --dp-noise-multiplier and --dp-clipping-norm")
+    return AsyncDPFixedClipping(strategy, noise_multiplier=dp[0], clipping_norm=dp[1], delta=spec.dp_delta,
+                                target_epsilon=spec.dp_target_epsilon, seed=spec.seed)
 
 
 def resolve(spec: RunSpec) -> RunSpec:
@@ -346,6 +355,10 @@ def _outcome(spec: RunSpec, driver, history: list[dict[str, Any]], params: np.nd
     }
     if "accuracy" in final:
         out["accuracy"] = final["accuracy"]
+    reported = driver.strategy.report(driver.state.algorithm)
+    if reported:  # (a private run: ε per client; an infinite one, without noise, as null)
+        out["dp"] = {k: ([None if e == math.inf else e for e in v] if k == "epsilon" else
+                         None if v == math.inf else v) for k, v in reported.items()}
     if spec.task == "quadratic":
         out["final_params"] = params.tolist()
         out["minimizer"] = task.minimizer
