@@ -286,6 +286,8 @@ class Driver(RunAPI):
         self.evaluations.point(state, t, manager.summary(t), lambda: self.layout.to_record(state.x, state.carried),
                                lambda: [ids[w] for w in manager.online_workers()], self.strategy.stored_vectors(self.state.algorithm),
                                self.by_time, extra)
+        if "epsilon" in reported and len(reported["epsilon"]) <= 1000:  # (the figure of ε per client over time)
+            state.history[-1]["dp_epsilon_per_worker"] = list(reported["epsilon"])
 
     # ---------------------------------------------------------------- checkpoints
     def _plan_checkpoints(self) -> None:

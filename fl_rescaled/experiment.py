@@ -34,6 +34,7 @@ from .layout import decode_array
 from .manager import ManagerObserver
 from .manager.books import PER_WORKER_ROWS
 from .metrics import plot_curves, write_history_csv
+from .privacy import plot_epsilons
 from .reporting import all_rejected
 from .runspec import RunSpec, bounded, default_taus, reachable
 from .runstate import Checkpointing
@@ -144,6 +145,9 @@ def run(spec: RunSpec, grid: Grid | None = None, *, clock: Clock | None = None,
         out["checkpoint"] = str(save_model(odir / stem, params, {**out, "settings": settings})[0])
         out["png"] = str(plot_curves(odir / f"{stem}.png", {f"{spec.strategy} α={out['lr']:g}": driver.state.history},
                                      logy=spec.task == "mnist"))
+        if "dp" in out and any("dp_epsilon_per_worker" in h for h in driver.state.history):
+            out["dp_png"] = str(plot_epsilons(odir / f"{stem}_epsilon.png", driver.state.history,
+                                              target=spec.dp_target_epsilon, title=stem))
         t_end, books = out["final_time"], driver.manager.books
         out.update(write_run_figures(odir, stem, timeline, books, t_end=t_end, title=stem,
                                      busy=driver.manager.source.busy(books.busy_done, t_end),

@@ -184,3 +184,33 @@ class PrivacyState:
         return {"contributions": self.contributions(), "epsilon": eps,
                 "max_epsilon": max(eps, default=0.0), "mean_epsilon": float(np.mean(eps)) if eps else 0.0,
                 "releases": self.releases, "excluded": np.flatnonzero(self.excluded).tolist()}
+
+
+def plot_epsilons(path: Any, history: list[dict[str, Any]], *, target: float | None = None, unit: str = "time",
+                  title: str = "") -> Any:
+    """A figure of each client's ε over the run (``dp_epsilon_per_worker`` of each evaluation point),
+    with the budget as a dashed line; returns ``path``."""
+    try:
+        import matplotlib  # noqa: PLC0415 - optional: the [plots] extra
+    except ModuleNotFoundError as exc:  # pragma: no cover - depends on the install
+        raise ModuleNotFoundError("figures need matplotlib: pip install 'fl-rescaled[plots]'") from exc
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    rows = [h for h in history if "dp_epsilon_per_worker" in h]
+    times = [h["time"] for h in rows]
+    eps = np.array([[e if math.isfinite(e) else np.nan for e in h["dp_epsilon_per_worker"]] for h in rows])
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for w in range(eps.shape[1] if eps.ndim == 2 else 0):
+        ax.plot(times, eps[:, w], lw=1.2, label=f"client {w}" if eps.shape[1] <= 10 else None)
+    if target is not None:
+        ax.axhline(target, ls="--", color="k", lw=1, label=f"budget ε = {target:g}")
+    ax.set_xlabel(unit)
+    ax.set_ylabel("ε (per client)")
+    ax.set_title(title, fontsize=8)
+    if eps.ndim == 2 and eps.shape[1] <= 10 or target is not None:
+        ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path

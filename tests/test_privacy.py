@@ -109,6 +109,9 @@ def test_epsilon_is_the_librarys_for_the_logged_counts():
     for k, eps in zip(dp["contributions"], dp["epsilon"]):
         assert eps == pytest.approx(library_epsilon(k, 2.0, 1e-5), rel=1e-9)
     assert dp["max_epsilon"] == max(dp["epsilon"])
+    assert out["history"][-1]["dp_epsilon_per_worker"] == dp["epsilon"]  # (and per evaluation point, non-decreasing)
+    per_point = np.array([h["dp_epsilon_per_worker"] for h in out["history"]])
+    assert (np.diff(per_point, axis=0) >= 0).all() and out["history"][-1]["dp_max_epsilon"] == dp["max_epsilon"]
     assert dp["mean_epsilon"] == pytest.approx(np.mean(dp["epsilon"]))
     # a fast client (τ = 1) contributes more often, and pays more, than a slow one (τ = 8)
     assert dp["contributions"][0] > dp["contributions"][3] and dp["epsilon"][0] > dp["epsilon"][3]
