@@ -44,6 +44,7 @@ from .stepsizes import TauTable, delay_adaptive_stepsize, rescaled_stepsize, van
 from .strategies import (  # noqa: E402
     ASGD,
     STRATEGIES,
+    AsyncDPFixedClipping,
     AsyncResult,
     AsyncStrategy,
     ConcurrentASGD,

@@ -114,9 +114,10 @@ class Run(Protocol):
     def send(self, worker: int) -> None:
         """A job on the current model for ``worker`` (queued behind its jobs in flight)."""
 
-    def send_next(self, after: int | None) -> None:
+    def send_next(self, after: int | None) -> int | None:
         """A job on the current model for the worker the selection picks now that ``after``'s job
-        ended (None: a first job). With C = n: ``after`` itself, if it is online."""
+        ended (None: a first job). With C = n: ``after`` itself, if it is online. Returns the worker
+        that got it (None: the slot waits)."""
 
     def resend(self, job: Job) -> None:
         """Another job for ``job``'s worker on the model ``job`` carried (keep working on x^k)."""

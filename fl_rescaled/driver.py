@@ -164,6 +164,7 @@ class Driver(RunAPI):
                                 (result.progress, state.progress)):
             target.update({step: MetricRecord(values) for step, values in metrics.items()})
         result.books = MetricRecord(self.manager.books_totals())
+        result.privacy = self.strategy.report(state.algorithm)
         return result
 
     def _watch(self, step: int, server: Any, federated: Any, arrays: ArrayRecord | None) -> None:
@@ -246,6 +247,10 @@ class Driver(RunAPI):
                 self.evaluate(comp.time)
             if self.max_updates is not None and manager.version >= self.max_updates:
                 break
+            why = self.strategy.stopped(self.state.algorithm)
+            if why is not None:  # (a private run whose clients' budgets are spent)
+                log.warning("%s", why)
+                break
             if manager.clock.now >= self.next_checkpoint:
                 self.save_checkpoint()
         history = self.state.history
@@ -273,9 +278,16 @@ class Driver(RunAPI):
     def evaluate(self, t: float) -> None:
         manager, state = self.manager, self.state
         ids = manager.membership.roster.node_ids
+        reported = self.strategy.report(state.algorithm)
+        extra = {f"dp_{k}": reported[k] for k in ("max_epsilon", "mean_epsilon") if k in reported}
+        if extra:
+            log.info("privacy at t=%g (%d updates): ε max %.4g, mean %.4g (δ = %.3g)", t, manager.version,
+                     extra["dp_max_epsilon"], extra["dp_mean_epsilon"], reported["delta"])
         self.evaluations.point(state, t, manager.summary(t), lambda: self.layout.to_record(state.x, state.carried),
                                lambda: [ids[w] for w in manager.online_workers()], self.strategy.stored_vectors(self.state.algorithm),
-                               self.by_time)
+                               self.by_time, extra)
+        if "epsilon" in reported and len(reported["epsilon"]) <= 1000:  # (the figure of ε per client over time)
+            state.history[-1]["dp_epsilon_per_worker"] = list(reported["epsilon"])
 
     # ---------------------------------------------------------------- checkpoints
     def _plan_checkpoints(self) -> None:

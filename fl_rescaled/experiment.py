@@ -35,11 +35,12 @@ from .layout import decode_array
 from .manager import ManagerObserver
 from .manager.books import PER_WORKER_ROWS
 from .metrics import plot_curves, write_history_csv
+from .privacy import plot_epsilons
 from .reporting import all_rejected
 from .runspec import RunSpec, bounded, default_taus, reachable
 from .runstate import Checkpointing
 from .stepsizes import vanilla_stepsize
-from .strategies import AsyncStrategy, options
+from .strategies import AsyncDPFixedClipping, AsyncStrategy, options
 from .tasks import get_task, task_spec
 from .timeline import Timeline, write_run_figures
 
@@ -55,7 +56,16 @@ def make_strategy(spec: RunSpec) -> AsyncStrategy:
     values = {**RUNNER_DEFAULTS, **spec.options}
     if spec.lr is not None:
         values["lr"] = spec.lr
-    return options.build(spec.strategy, values)
+    strategy = options.build(spec.strategy, values)
+    dp = (spec.dp_noise_multiplier, spec.dp_clipping_norm)
+    if dp == (None, None):
+        if spec.dp_delta is not None or spec.dp_target_epsilon is not None:
+            raise ValueError("--dp-delta and --dp-target-epsilon need --dp-noise-multiplier and --dp-clipping-norm")
+        return strategy
+    if None in dp:
+        raise ValueError("differential privacy needs both --dp-noise-multiplier and --dp-clipping-norm")
+    return AsyncDPFixedClipping(strategy, noise_multiplier=dp[0], clipping_norm=dp[1], delta=spec.dp_delta,
+                                target_epsilon=spec.dp_target_epsilon, seed=spec.seed)
 
 
 def resolve(spec: RunSpec) -> RunSpec:
@@ -136,6 +146,9 @@ def run(spec: RunSpec, grid: Grid | None = None, *, clock: Clock | None = None,
         out["checkpoint"] = str(save_model(odir / stem, params, {**out, "settings": settings})[0])
         out["png"] = str(plot_curves(odir / f"{stem}.png", {f"{spec.strategy} α={out['lr']:g}": driver.state.history},
                                      logy=spec.task == "mnist"))
+        if "dp" in out and any("dp_epsilon_per_worker" in h for h in driver.state.history):
+            out["dp_png"] = str(plot_epsilons(odir / f"{stem}_epsilon.png", driver.state.history,
+                                              target=spec.dp_target_epsilon, title=stem))
         t_end, books = out["final_time"], driver.manager.books
         out.update(write_run_figures(odir, stem, timeline, books, t_end=t_end, title=stem,
                                      busy=driver.manager.source.busy(books.busy_done, t_end),
@@ -350,6 +363,10 @@ def _outcome(spec: RunSpec, driver, history: list[dict[str, Any]], params: np.nd
     }
     if "accuracy" in final:
         out["accuracy"] = final["accuracy"]
+    reported = driver.strategy.report(driver.state.algorithm)
+    if reported:  # (a private run: ε per client; an infinite one, without noise, as null)
+        out["dp"] = {k: ([None if e == math.inf else e for e in v] if k == "epsilon" else
+                         None if v == math.inf else v) for k, v in reported.items()}
     if spec.task == "quadratic":
         out["final_params"] = params.tolist()
         out["minimizer"] = task.minimizer

@@ -42,11 +42,14 @@ class AsyncResult(Result):
       ``cumulative-stepsize``;
     - ``books``: the run's books (``fl_rescaled.manager.books``): updates, jobs sent, replies
       accepted, rejected and lost (in all and by reason: ``rejected.<reason>``, ``lost.<reason>``),
-      discarded, in flight, strays, and per worker when there are at most 1,000.
+      discarded, in flight, strays, and per worker when there are at most 1,000;
+    - ``privacy``: a private run's per-client contributions and ε, their maximum and mean.
     """
 
     progress: dict[int, MetricRecord] = field(default_factory=dict)
     books: MetricRecord = field(default_factory=MetricRecord)
+    #: A private run's ``"dp"`` object (``strategies/dp.py``): per-client contributions and ε; {} otherwise.
+    privacy: dict = field(default_factory=dict)
 
     def __repr__(self) -> str:
         return super().__repr__() + "\nBooks:\n\t" + ", ".join(f"{k}={v}" for k, v in self.books.items()
@@ -267,13 +270,17 @@ class Evaluations:
         self.pending: deque[tuple] = deque()  # the points whose central evaluation may still run
 
     def point(self, state: Any, t: float, books_row: dict[str, Any], arrays: Callable[[], ArrayRecord],
-              online_nodes: Callable[[], list[int]], stored_vectors: int, by_time: bool) -> None:
+              online_nodes: Callable[[], list[int]], stored_vectors: int, by_time: bool,
+              extra: dict[str, Any] | None = None) -> None:
         """One evaluation point at time ``t`` of the run whose state is ``state`` (a ``RunState``);
         ``online_nodes`` is asked only when a federated evaluation runs (a population can be large)."""
         step = state.schedule.step
         row: dict[str, Any] = {"time": float(t), **books_row, "stored_vectors": stored_vectors}
         progress = {"time": float(t), "updates": books_row["updates"], "replies": state.window.replies,
                     "cumulative-stepsize": books_row["cumulative_stepsize"]}
+        if extra:  # (a private run: ε max and mean so far)
+            row.update(extra)
+            progress.update({k.replace("_", "-"): v for k, v in extra.items()})
         evaluated = self.evaluate_fn is not None or self.fed_eval.fraction > 0
         record = arrays() if evaluated or self.on_evaluation is not None else None
         server: Any = None

@@ -80,6 +80,13 @@ class Algorithm(Protocol):
 
     def describe(self) -> dict[str, Any]: ...
 
+    def report(self, state: Any) -> dict[str, Any]:
+        """What the algorithm reports of its ``state`` at each evaluation and in the result ({}: nothing;
+        a private run: its ``"dp"`` object)."""
+
+    def stopped(self, state: Any) -> str | None:
+        """Why the run must stop now (a private run's clients are out of budget), or None."""
+
 
 class RunAPI:
     """The driver's side of ``Run``: what the algorithm's calls do to the model and the manager."""
@@ -144,8 +151,9 @@ class RunAPI:
     def send(self, worker: int) -> None:
         self.manager.send(worker, self.state.x, self.version, self.job_config(), self.state.carried)
 
-    def send_next(self, after: int | None) -> None:
-        self.manager.send_next(after, self.state.x, self.version, self.job_config(), self.state.carried)
+    def send_next(self, after: int | None) -> int | None:
+        job = self.manager.send_next(after, self.state.x, self.version, self.job_config(), self.state.carried)
+        return None if job is None else job.worker
 
     def refill(self) -> None:
         self.manager.refill(self.state.x, self.version, self.job_config(), self.state.carried)

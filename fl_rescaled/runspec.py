@@ -126,6 +126,15 @@ class RunSpec:
                           choices=("cpu", "cuda", "auto"))
     torch_threads: int = setting(1, "torch threads per job and per evaluation (the same for any --workers, so "
                                     "trajectories match; the paper study ran with 1)", low=1, high=1024)
+    dp_noise_multiplier: float | None = setting(None, "differential privacy (docs/privacy.md): the noise multiplier z; "
+                                                      "every applied aggregate gets Gaussian noise of std z × "
+                                                      "--dp-clipping-norm (none: no DP)", low=0, high=1e6)
+    dp_clipping_norm: float | None = setting(None, "differential privacy: every client update is clipped to this L2 "
+                                                   "norm C (needed with --dp-noise-multiplier)", positive=True)
+    dp_delta: float | None = setting(None, "differential privacy: the δ of each client's reported (ε, δ) (default "
+                                           "min(1e-5, 1/N^1.1) for N clients)", positive=True, high=0.5)
+    dp_target_epsilon: float | None = setting(None, "differential privacy: each client's budget ε at δ; a client "
+                                                    "whose ε would exceed it gets no more jobs", positive=True, high=1e6)
     out: str | None = setting(None, "a folder for the CSV, PNG and final model of the run (and its checkpoint)")
     checkpoint_every: float | None = setting(None, "write the run's whole state every this many time units, "
                                                    "atomically, to <out>/run.ckpt (or to the --resume folder)",

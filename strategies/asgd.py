@@ -40,6 +40,7 @@ class ASGD(AsyncStrategy):
     """
 
     name = "asgd"
+    dp_release = "sum"
     State = ASGDState
 
     def __init__(self, *, rule: Rule | str = "vanilla", **kwargs: Any) -> None:

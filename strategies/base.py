@@ -123,6 +123,9 @@ class AsyncStrategy(FlowerFacade):
     restarts_at_once = True
     #: Whether the steps follow each worker's τ (the τ-proportional rules; a warning says when all τ are equal).
     uses_tau = False
+    #: What one ``Run.apply`` releases, for differential privacy (``strategies/dp.py``): "sum", a
+    #: weighted sum (weights ≤ 1) of the updates accepted since the last apply; None: not supported.
+    dp_release: str | None = None
     #: Whether ``lr`` (α) sets the steps (False: the clients' own learning rate does; not shown as a setting).
     uses_lr = True
 
@@ -250,6 +253,17 @@ class AsyncStrategy(FlowerFacade):
         the algorithm's ``state``."""
         del state
         return 0
+
+    def report(self, state: Any) -> dict[str, Any]:
+        """What the run reports of the algorithm's ``state`` at each evaluation and in its result
+        (a private run: its ``"dp"`` object). Default: nothing."""
+        del state
+        return {}
+
+    def stopped(self, state: Any) -> str | None:
+        """Why the run must stop now (a private run whose clients are out of budget). Default: never."""
+        del state
+        return None
 
     @property
     def lr_per_run(self) -> bool:

@@ -82,4 +82,7 @@ def no_round_hooks(cls: type) -> None:
 
 
 def no_rounds(self: Any, *args: Any, **kwargs: Any) -> Any:
-    raise NotImplementedError(f"{type(self).__name__} is asynchronous: call start(), not rounds")
+    raise NotImplementedError(f"{type(self).__name__} is asynchronous: call start(), not rounds; Flower's round-based "
+                              "DP wrappers (DifferentialPrivacy*) cannot drive it: for differential privacy wrap it in "
+                              "fl_rescaled.strategies.AsyncDPFixedClipping(strategy, noise_multiplier=..., "
+                              "clipping_norm=...) (docs/privacy.md)")

@@ -37,6 +37,7 @@ class ConcurrentASGD(AsyncStrategy):
     """
 
     name = "concurrent"
+    dp_release = "sum"
     restarts_at_once = False
     State = ConcurrentState
 

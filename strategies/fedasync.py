@@ -39,6 +39,7 @@ class FedAsync(AsyncStrategy):
     """
 
     name = "fedasync"
+    dp_release = "sum"
     default_reply = "model"
     uses_lr = False
 

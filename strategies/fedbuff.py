@@ -73,6 +73,7 @@ class FedBuff(AsyncStrategy):
     """
 
     name = "fedbuff"
+    dp_release = "sum"
     default_reply = "model"
     uses_lr = False
     State = FedBuffState

@@ -22,14 +22,14 @@ from conftest import ROOT
 SOURCES = {"fl_rescaled": ROOT / "fl_rescaled", "fl_rescaled.strategies": ROOT / "strategies",
            "fl_rescaled.clients": ROOT / "clients"}
 
-CORE = {"clock", "errors", "timeline", "layout", "matching", "messages", "stepsizes", "manager", "grid", "grid_api",
+CORE = {"clock", "privacy", "errors", "timeline", "layout", "matching", "messages", "stepsizes", "manager", "grid", "grid_api",
         "grid_batch", "batching", "torch_batch", "inprocess", "tasks", "data",
         "codec", "reporting", "runstate", "driver", "run_api", "algorithm", "settings", "delays", "speeds", "availability",
         "traces",
         "metrics", "checkpoints", "bounds", "peer_bounds", "divergence", "failures", "matching"}
 APPLICATION = {"runspec", "experiment", "flower_sim", "server_app", "paper", "population"}
 RANK = {"core": 0, "strategies": 1, "clients": 1, "facade": 1.5, "application": 2, "cli": 3}
-LAZY_OK = ("torch", "torchvision", "matplotlib", "flwr.simulation")
+LAZY_OK = ("dp_accounting", "torch", "torchvision", "matplotlib", "flwr.simulation")
 MAX_LINES = 400
 
 

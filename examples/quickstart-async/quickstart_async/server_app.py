@@ -16,7 +16,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg, Result
 
-from fl_rescaled import FedAsync, FedBuff, RescaledASGD
+from fl_rescaled import AsyncDPFixedClipping, FedAsync, FedBuff, RescaledASGD
 from quickstart_async.task import Net, central_test
 
 app = ServerApp()
@@ -77,6 +77,10 @@ def main(grid: Grid, context: Context) -> None:
         )
     else:
         strategy = make_async_strategy(name, int(context.run_config["buffer-size"]), **keywords)
+        clipping_norm = float(context.run_config.get("dp-clipping-norm", 0.0))
+        if clipping_norm > 0:  # server-side DP: the one-line switch (docs/privacy.md)
+            strategy = AsyncDPFixedClipping(strategy, noise_multiplier=float(context.run_config["dp-noise-multiplier"]),
+                                            clipping_norm=clipping_norm, seed=seed)
         result = strategy.start(
             grid=grid,
             initial_arrays=arrays,
@@ -108,6 +112,9 @@ def report(name: str, initial: ArrayRecord, result: Result) -> None:
     moved = math.sqrt(sum(float(((after[k].double() - before[k].double()) ** 2).sum()) for k in before))
     print(f"[quickstart-async] strategy {name}: model moved by {moved:.4g} (L2)")
     print(f"[quickstart-async] federated evaluation {last(result.evaluate_metrics_clientapp)}")
+    if getattr(result, "privacy", None):
+        print(f"[quickstart-async] differential privacy: ε max {result.privacy['max_epsilon']:.4g}, mean "
+              f"{result.privacy['mean_epsilon']:.4g} (δ = {result.privacy['delta']:.3g})")
     print(f"[quickstart-async] training metrics {last(result.train_metrics_clientapp)}")
     books = getattr(result, "books", None)  # asynchronous strategies only
     if books:

@@ -1,0 +1,221 @@
+"""Server-side differential privacy for any asynchronous strategy: ``AsyncDPFixedClipping``.
+
+The asynchronous counterpart of Flower's ``DifferentialPrivacyServerSideFixedClipping``: wrap a
+strategy, ``AsyncDPFixedClipping(FedBuff(...), noise_multiplier=1.0, clipping_norm=0.5)``, and call
+``start`` as usual. The mechanism and its accountant are ``fl_rescaled.privacy``; ``docs/privacy.md``
+says what is protected and what is not.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import make_dataclass
+from typing import Any
+
+import numpy as np
+
+from fl_rescaled.algorithm import Completion, Run
+from fl_rescaled.bounds import BoundOptions
+from fl_rescaled.privacy import PrivacyOptions, PrivacyState, check_available, epsilon
+
+from .base import AsyncStrategy
+from .facade import FlowerFacade
+
+log = logging.getLogger("flwr.fl_rescaled")
+
+
+class PrivateRun:
+    """The ``Run`` the wrapped strategy sees: its own state, noise on every aggregate it applies,
+    and no job for a client whose budget would be exceeded; everything else is the run's."""
+
+    def __init__(self, run: Run, dp: AsyncDPFixedClipping) -> None:
+        self._run, self._dp = run, dp
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._run, name)
+
+    @property
+    def strategy_state(self) -> Any:
+        return self._run.strategy_state.inner
+
+    @property
+    def privacy(self) -> PrivacyState:
+        return self._run.strategy_state.privacy
+
+    def apply(self, worker: int, update: np.ndarray, stepsize: float, booked: float | None = None) -> None:
+        """x ← x − γ (Σ clipped updates + N(0, σ²)): the noise goes on the sum the strategy applies."""
+        noisy = self.privacy.release(update, self._dp.privacy.sigma)
+        self._run.apply(worker, noisy, stepsize, booked)
+
+    def send(self, worker: int) -> None:
+        if self._dp.may_train(self, worker):
+            self.privacy.inflight[worker] += 1
+            self._run.send(worker)
+
+    def send_next(self, after: int | None) -> None:
+        if after is not None and self._run.concurrency >= self._run.n and not self._dp.may_train(self, after):
+            return  # (with C = N the slot is the worker's: it stays idle)
+        worker = self._run.send_next(after)
+        if worker is not None:
+            self.privacy.inflight[worker] += 1
+
+
+class AsyncDPFixedClipping(FlowerFacade):
+    """Central (server-side) DP with fixed clipping for any asynchronous strategy of ``dp_release = "sum"``.
+
+    Every accepted client update g_i is clipped to ‖g_i‖ ≤ C (``clipping_norm``; a ``clip`` bound,
+    the last the update passes) and every aggregate the strategy applies gets Gaussian noise
+    N(0, σ² I), σ = ``noise_multiplier`` × C, before its step: x ← x − γ (A + σ ξ).
+
+    Sensitivity of one client's contribution, per strategy (the A each one applies):
+
+    - the ASGD family (Vanilla, Rescaled, Delay-Adaptive, damped Rescaled) and Concurrent ASGD:
+      A = g_i, one clipped update: sensitivity C. Rescaled ASGD's γ_i (which grows with τ_i)
+      scales the update and the noise alike: in the model, γ_i C against γ_i σ, the same ratio
+      z, so a slow client's larger steps cost no more privacy per release;
+    - FedAsync: A = (x − x_τ) + g_i; x − x_τ is earlier releases (public): sensitivity C;
+    - FedBuff: A = Σ_j w(δ_j) g_j over the K buffered updates, w ≤ 1: sensitivity C for a client
+      with one update in the buffer, m·C with m (counted: noise multiplier z / m for that release);
+      the noise goes on the sum, before dividing by K.
+
+    Methods that reuse stored updates in later steps (Malenia, Ringleader: a table of every
+    client's latest gradient; Minibatch and FedAvg: a mean whose weights may exceed 1) are refused.
+    The outlier guard and the median clip are turned off: each decides from the other clients'
+    norms, so one client's data would change what happens to the others' updates.
+
+    Parameters
+    ----------
+    strategy : AsyncStrategy
+        The strategy to make private (FedBuff, FedAsync, an ASGD).
+    noise_multiplier : float
+        z ≥ 0; σ = z × C. 0 clips without noise (ε infinite).
+    clipping_norm : float
+        C > 0, the L2 norm every client update is clipped to.
+    delta : float, optional (default: min(1e-5, 1 / N^1.1) for N clients)
+        The δ of every (ε, δ) reported.
+    target_epsilon : float, optional (default: none)
+        Each client's budget: a client whose ε at δ would exceed it after one more update gets no
+        more jobs (one log line names it); the run stops, with a warning, when fewer than
+        ``min(min_train_nodes, N)`` clients remain. Needs C = N (every client training).
+    seed : int, optional (default: fresh entropy)
+        Seeds the noise (a simulation's reproducibility; leave it out in a deployment). The
+        generator's state is part of every checkpoint, so a resumed run draws the same noise.
+    """
+
+    def __init__(self, strategy: AsyncStrategy, *, noise_multiplier: float, clipping_norm: float,
+                 delta: float | None = None, target_epsilon: float | None = None, seed: int | None = None) -> None:
+        super().__init__()
+        if isinstance(strategy, AsyncDPFixedClipping):
+            raise ValueError("this strategy is already private: wrap the inner strategy once")
+        if not isinstance(strategy, AsyncStrategy):
+            raise TypeError(f"AsyncDPFixedClipping wraps an asynchronous strategy of fl_rescaled.strategies, got "
+                            f"{type(strategy).__name__} (for Flower's strategies use Flower's DP wrappers)")
+        if getattr(strategy, "dp_release", None) != "sum":
+            raise ValueError(f"{type(strategy).__name__} reuses stored updates in later steps, so one client's "
+                             "update is in many releases; differential privacy supports FedBuff, FedAsync and the "
+                             "ASGD methods")
+        check_available()
+        self.__dict__["strategy"] = strategy
+        self.privacy = PrivacyOptions(noise_multiplier, clipping_norm, delta, target_epsilon, seed)
+        self.bounds = BoundOptions(outlier_factor=None, clip_factor=None, adaptive_clip=None,
+                                   clip_norm=float(clipping_norm))
+        self.State = make_dataclass("PrivateState", [("inner", strategy.State), ("privacy", PrivacyState)])
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "strategy":
+            raise AttributeError(name)
+        return getattr(self.strategy, name)
+
+    # ---------------------------------------------------------------- the algorithm, delegated
+    def init_state(self, run: Run) -> Any:
+        if self.privacy.target_epsilon is not None and run.concurrency < run.n:
+            raise ValueError("target_epsilon needs every client training (C = N): with C < N the selection "
+                             "cannot yet leave out a client over budget")
+        return self.State(self.strategy.init_state(PrivateRun(run, self)), PrivacyState.fresh(run.n, self.privacy.seed))
+
+    def check_state(self, state: Any, n: int, x: np.ndarray) -> None:
+        self.strategy.check_state(state.inner, n, x)
+        if len(state.privacy.counts) != n:
+            raise ValueError(f"the accountant's state counts {len(state.privacy.counts)} clients, not this run's {n}")
+
+    def on_start(self, run: Run) -> None:
+        self.strategy.on_start(PrivateRun(run, self))
+
+    def on_completion(self, run: Run, comp: Completion) -> None:
+        view = PrivateRun(run, self)
+        view.privacy.inflight[comp.worker] = max(0, view.privacy.inflight[comp.worker] - 1)
+        view.privacy.pending.append(comp.worker)
+        self.strategy.on_completion(view, comp)
+
+    def on_rejected(self, run: Run, comp: Completion) -> None:
+        view = PrivateRun(run, self)
+        view.privacy.inflight[comp.worker] = max(0, view.privacy.inflight[comp.worker] - 1)
+        self.strategy.on_rejected(view, comp)
+
+    def on_joined(self, run: Run, worker: int) -> None:
+        self.strategy.on_joined(PrivateRun(run, self), worker)
+
+    def influence(self, run: Run, worker: int) -> float:
+        return self.strategy.influence(PrivateRun(run, self), worker)
+
+    def stored_vectors(self, state: Any) -> int:
+        return self.strategy.stored_vectors(state.inner)
+
+    # ---------------------------------------------------------------- budgets and reports
+    def may_train(self, run: PrivateRun, worker: int) -> bool:
+        """Whether ``worker`` may get a job: its ε stays within ``target_epsilon`` even when this job's
+        update, and every one it has pending or in flight, is released. The first no sets it aside."""
+        st, opts = run.privacy, self.privacy
+        if opts.target_epsilon is None:
+            return True
+        if st.excluded[worker]:
+            return False
+        delta = opts.delta_for(run.n)
+        if epsilon(st.spent_if(worker, 1), opts.noise_multiplier, delta) <= opts.target_epsilon:
+            return True
+        st.excluded[worker] = True
+        log.warning("client %d is no longer selected: one more update would take its ε past the budget %g "
+                    "(δ = %.3g; %d updates applied, ε = %.4g)", worker, opts.target_epsilon, delta,
+                    st.contributions()[worker], epsilon(st.of(worker), opts.noise_multiplier, delta))
+        return False
+
+    def stopped(self, state: Any) -> str | None:
+        """Why the run stops now: too few clients are left within their budget."""
+        if self.privacy.target_epsilon is None:
+            return None
+        n = len(state.privacy.counts)
+        left, needed = n - int(state.privacy.excluded.sum()), min(self.population.min_train_nodes, n)
+        if left >= needed:
+            return None
+        return (f"privacy budgets spent: {left} of {n} clients may still train within ε ≤ "
+                f"{self.privacy.target_epsilon:g} (δ = {self.privacy.delta_for(n):.3g}), fewer than the "
+                f"{needed} needed (min_train_nodes); the run stops here")
+
+    def report(self, state: Any) -> dict[str, Any]:
+        """The ``"dp"`` object of the outputs: the options, per-client contributions and ε, max and mean."""
+        opts, n = self.privacy, len(state.privacy.counts)
+        delta = opts.delta_for(n)
+        return {"noise_multiplier": opts.noise_multiplier, "clipping_norm": opts.clipping_norm, "delta": delta,
+                "target_epsilon": opts.target_epsilon, "accountant": "rdp (dp-accounting), no amplification",
+                **state.privacy.report(opts.noise_multiplier, delta)}
+
+    def describe(self) -> dict[str, Any]:
+        out = {**self.strategy.describe(), "outlier_factor": None, "clip_factor": None, "adaptive_clip": None,
+               "clip_norm": self.privacy.clipping_norm}
+        return {**out, "dp_noise_multiplier": self.privacy.noise_multiplier, "dp_delta": self.privacy.delta,
+                "dp_target_epsilon": self.privacy.target_epsilon, "dp_seed": self.privacy.seed}
+
+    def summary(self) -> None:
+        log.info("\t├──> DP: noise multiplier %g, clipping norm %g, δ %s, target ε %s (per client, RDP accountant)",
+                 self.privacy.noise_multiplier, self.privacy.clipping_norm,
+                 "1/N^1.1 (≤ 1e-5)" if self.privacy.delta is None else f"{self.privacy.delta:g}",
+                 "none" if self.privacy.target_epsilon is None else f"{self.privacy.target_epsilon:g}")
+        super().summary()
+
+
+def _bound_option(name: str) -> property:
+    return property(lambda self: getattr(self.bounds, name), doc=f"The private run's ``{name}`` (``self.bounds``).")
+
+
+for _name in ("outlier_factor", "clip_factor", "adaptive_clip", "clip_norm"):  # (the wrapper's bounds, not the inner's)
+    setattr(AsyncDPFixedClipping, _name, _bound_option(_name))
