@@ -66,17 +66,20 @@ class ScriptedRun:
     def send(self, worker: int) -> None:
         self._job(worker, self.version)
 
-    def send_next(self, after: int | None) -> None:
+    def send_next(self, after: int | None) -> int | None:
         """C = n: ``after`` itself, if online; C < n (or a first job): the lowest online worker with
-        no job in flight (a deterministic stand-in for the seeded draw)."""
+        no job in flight (a deterministic stand-in for the seeded draw). Returns the worker sent to."""
         if after is not None and self.concurrency == self.n:
             if after in self.online:
                 self.send(after)
-            return
+                return after
+            return None
         busy = {j.worker for j in self.inflight}
         idle = [w for w in sorted(self.online) if w not in busy]
         if idle:
             self.send(idle[0])
+            return idle[0]
+        return None
 
     def resend(self, job: Job) -> None:
         self.resent.append(job.worker)
