@@ -119,7 +119,6 @@ def test_example_fedbuff_takes_its_buffer_size_from_the_run_config(example):
 
 @pytest.mark.mnist
 def test_example_turns_on_differential_privacy_from_the_run_config(example):
-    pytest.importorskip("dp_accounting")
     run = example(strategy="fedbuff", **{"num-updates": 3, "buffer-size": 4, "dp-clipping-norm": 0.5,
                                          "dp-noise-multiplier": 1.0})
     dp = run.result.privacy

@@ -12,14 +12,13 @@ import math
 import numpy as np
 import pytest
 
-dpa = pytest.importorskip("dp_accounting")
-
-from fl_rescaled import experiment  # noqa: E402
-from fl_rescaled.codec import StateError, decode, encode  # noqa: E402
-from fl_rescaled.privacy import PrivacyState, default_delta, epsilon  # noqa: E402
-from fl_rescaled.runspec import RunSpec  # noqa: E402
-from fl_rescaled.strategies import STRATEGIES, AsyncDPFixedClipping  # noqa: E402
-from scripted import ScriptedRun  # noqa: E402
+import dp_accounting as dpa  # (part of the test extra: a missing one fails the run, it is never skipped)
+from fl_rescaled import experiment
+from fl_rescaled.codec import StateError, decode, encode
+from fl_rescaled.privacy import PrivacyState, default_delta, epsilon
+from fl_rescaled.runspec import RunSpec
+from fl_rescaled.strategies import STRATEGIES, AsyncDPFixedClipping
+from scripted import ScriptedRun
 
 QUAD = dict(task="quadratic", taus=[1.0, 2.0, 4.0, 8.0], quad_a=[1.0, 1.0, 1.0, 1.0], quad_b=[0.0, 1.0, 2.0, 3.0],
             quad_dim=20, quad_x0=50.0, budget=200.0, seed=3)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from fl_rescaled import InProcessGrid
 from fl_rescaled.batching import batch_entry
 from fl_rescaled.torch_batch import torch_client_app
 
-torch = pytest.importorskip("torch")
 nn, F = torch.nn, torch.nn.functional
 
 

@@ -78,7 +78,6 @@ class AsyncClientManager:
         self.worker_config = settings.worker_config  # extra per-worker job config (e.g. emulated τ_i)
         self.observers: list[ManagerObserver] = list(observers or [])
         self.replicas = replicas  # batched runs: the model is this many replicas end to end
-        self.tau_smoothing = settings.tau_smoothing
         self.bound = bound if replicas == 1 and bound is not None and bound.bounds else None  # (off for batches)
         self.bound_state = self.bound.init() if self.bound is not None else []
         #: worker → how far its replies move the model per unit of time, relative to the others' (the
@@ -92,7 +91,8 @@ class AsyncClientManager:
         self.membership.has_jobs = lambda worker: bool(self.books.in_flight[worker])
         self.membership.on_online = self._set_active
         self.source: CompletionSource = (  # (the one choice that depends on the clock)
-            VirtualSource(clock, self.transport, self.membership, self.observers) if clock.virtual else
+            VirtualSource(clock, self.transport, self.membership, self.observers,
+                          tau_smoothing=settings.tau_smoothing) if clock.virtual else
             WallSource(clock, self.transport, self.membership, tau_estimator=settings.tau_estimator,
                        tau_smoothing=settings.tau_smoothing, poll_interval=settings.poll_interval))
         self.population = Population(1, 1, 0, self.is_online, self.source.online_mask)
@@ -135,7 +135,7 @@ class AsyncClientManager:
         n = self.num_workers
         self.population = Population(n, n if concurrency is None else concurrency, seed, self.is_online,
                                      self.source.online_mask, selection)
-        self.source.populate(self.population, weights, self.tau_smoothing)
+        self.source.populate(self.population, weights)
 
     def online_workers(self) -> list[int]:
         return self.source.online_workers()

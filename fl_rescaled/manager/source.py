@@ -44,7 +44,7 @@ class CompletionSource(Protocol):
     def tables(self, num_workers: int, weights: Sequence[float] | None) -> None:
         """Make the τ tables for ``num_workers`` workers (target ``weights``, if any)."""
 
-    def populate(self, population: Population, weights: Sequence[float] | None, smoothing: float) -> None:
+    def populate(self, population: Population, weights: Sequence[float] | None) -> None:
         """The population is known (N workers, C slots): adapt the tables and the first events."""
 
     def is_online(self, worker: int) -> bool:

@@ -7,9 +7,9 @@ resumes (``AsyncClientManager.resume``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
+from flwr.app import ConfigRecord
 
 from fl_rescaled.algorithm import Job
 from fl_rescaled.bounds import BoundState
@@ -39,17 +39,6 @@ class ManagerState:
     wall: WallState | None = None
 
 
-def _flat_config_value(value: Any) -> bool:
-    """A value a Flower ``ConfigRecord`` holds: a scalar, or a list of scalars of one type."""
-    if isinstance(value, list):
-        return len({type(v) for v in value}) <= 1 and all(isinstance(v, SCALARS) for v in value)
-    return isinstance(value, SCALARS)
-
-
-#: The types of a ConfigRecord's values (and of its lists' items).
-SCALARS = (bool, int, float, str, bytes)
-
-
 def check_jobs(jobs: list[Job], books: Books, next_job_id: int, versions: set[int]) -> None:
     """Raise ValueError unless ``jobs`` (the jobs in flight of a checkpoint) are ones the manager
     could have had in flight with ``books``: unique ids below ``next_job_id``, workers in range,
@@ -73,10 +62,11 @@ def check_jobs(jobs: list[Job], books: Books, next_job_id: int, versions: set[in
         if not 0 <= job.version <= books.version or job.version not in versions:
             raise ValueError(f"job {job.job_id} in flight carries model version {job.version}, which the "
                              "checkpoint does not hold")
-        bad = [k for k, v in job.config.items() if not _flat_config_value(v)]
-        if bad:
-            raise ValueError(f"job {job.job_id} in flight has config {bad[0][:60]!r}, which is not a "
-                             "value a ConfigRecord holds")
+        try:
+            ConfigRecord(job.config)  # (Flower's own check of the values a job's config may hold)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"job {job.job_id} in flight has a config a ConfigRecord cannot hold "
+                             f"({str(exc)[:120]})") from None
         ids.add(job.job_id)
         seqs.add((w, job.seq))
         per_worker[w] += 1

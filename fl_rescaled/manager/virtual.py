@@ -68,7 +68,7 @@ class VirtualSource:
     virtual = True
 
     def __init__(self, clock: VirtualClock, transport: Transport, membership: Membership,
-                 observers: list[ManagerObserver]) -> None:
+                 observers: list[ManagerObserver], *, tau_smoothing: float = 0.2) -> None:
         self.clock = clock
         self.availability = clock.availability
         self.transport = transport
@@ -83,7 +83,7 @@ class VirtualSource:
         self.last_delivery = np.zeros(0)  # C < N, periods estimated: each worker's last accepted reply
         self.periods = self.compute_times = TauTable(0)  # what the rules read; the compute times τ_i
         self.periods_how = ""  # C < N or availability: how p_i is estimated ("average" / "ema")
-        self.smoothing = 0.2  # (``ema``) weight of a new interval
+        self.tau_smoothing = tau_smoothing  # (``ema``) weight of a new interval
 
     # ------------------------------------------------------------------ workers and their tables
     def tables(self, num_workers: int, weights: Sequence[float] | None) -> None:
@@ -93,14 +93,14 @@ class VirtualSource:
         self.free_at = np.zeros(num_workers)
         self.periods = self.compute_times = TauTable(num_workers, self.clock.delays.means()[:num_workers].tolist(), weights)
 
-    def populate(self, population: Population, weights: Sequence[float] | None, smoothing: float) -> None:
+    def populate(self, population: Population, weights: Sequence[float] | None) -> None:
         """With C < N, or an availability model, the rules read each worker's delivery period p_i
         (``Population.periods``), estimated as the run goes; with C = N the workers offline now get
         work when they come back."""
         n = population.n
         if population.sampled or self.availability is not None:
             self.periods, self.periods_how = population.periods(self.clock, weights)
-            self.last_delivery, self.smoothing = np.zeros(n), smoothing
+            self.last_delivery = np.zeros(n)
         if not population.sampled:  # every worker busy whenever online: the offline join when they come
             self.returns(np.flatnonzero(~self.online_mask(np.arange(n))))
 
@@ -265,7 +265,7 @@ class VirtualSource:
             return
         measured = max(t - float(self.last_delivery[worker]), 1e-12)
         self.last_delivery[worker] = t
-        periods.update(worker, (1 - self.smoothing) * periods.taus[worker] + self.smoothing * measured)
+        periods.update(worker, (1 - self.tau_smoothing) * periods.taus[worker] + self.tau_smoothing * measured)
 
     def accepted(self, job: Job, metrics: dict, t: float, count: int) -> float:
         """An accepted reply at ``t``, its worker's ``count``-th: its compute time (the virtual

@@ -95,9 +95,9 @@ class WallSource:
         """(One table: the time between a worker's deliveries, or its reported compute time.)"""
         return self.periods
 
-    def populate(self, population: Population, weights: Sequence[float] | None, smoothing: float) -> None:
+    def populate(self, population: Population, weights: Sequence[float] | None) -> None:
         """(The estimates are the same whatever C: every worker is measured as it delivers.)"""
-        del population, weights, smoothing
+        del population, weights
 
     def is_online(self, worker: int) -> bool:
         return bool(self.membership.roster.online[worker])
