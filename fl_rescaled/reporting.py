@@ -41,7 +41,7 @@ class AsyncResult(Result):
     - ``evaluate_metrics_clientapp[k]``: federated evaluation at point k ≥ 1 (``evaluate_metrics_aggr_fn``);
     - ``evaluate_metrics_serverapp[k]``: what ``evaluate_fn`` returned at point k;
     - ``progress[k]``: where point k is: ``time`` (virtual time units in process, seconds /
-      ``time_unit`` on the wall clock, from ``start``), ``trainings`` (client trainings so far,
+      ``time_unit`` on the wall clock), ``trainings`` (client trainings so far,
       ``Books.trainings``), ``updates`` (server updates so far), ``replies`` (accepted since point
       k − 1), ``cumulative-stepsize``;
     - ``books``: the run's books (``fl_rescaled.manager.books``): updates, trainings, jobs sent,
