@@ -55,8 +55,10 @@ class Driver(RunAPI):
                  num_workers: int | None = None, partition_query: bool | None = None, progress: bool = False,
                  observers: list[ManagerObserver] | None = None, checkpoint: Checkpointing | None = None,
                  settings: ManagerSettings | None = None, replicas: Sequence[float] | None = None,
-                 seed: int = 0, divergence: Divergence | None = Divergence(), num_trainings: int | None = None) -> None:
+                 seed: int = 0, divergence: Divergence | None = Divergence(), num_trainings: int | None = None,
+                 finish_in_flight: bool = False) -> None:
         self.strategy = strategy
+        self.finish_in_flight = bool(finish_in_flight)
         self.seed = int(seed)
         self.budget, self.max_updates, self.max_trainings = budgets(time_budget, num_updates, eval_every,
                                                                     num_evaluations, num_trainings)
@@ -228,7 +230,7 @@ class Driver(RunAPI):
         (the caller gives them jobs).
         """
         manager = self.manager
-        ended = manager.next_ended(self.budget)  # 1. match
+        ended = manager.next_ended(math.inf if self.closed else self.budget)  # 1. match
         if ended is None:
             return None
         comp, reply = ended
@@ -236,7 +238,8 @@ class Driver(RunAPI):
             manager.validate(comp, reply)  # 2. validate
             manager.apply_bounds(comp)  # 3. bound
         manager.book(comp)  # 4. book
-        self._evaluate_before(comp.time, ended=False)
+        if not self.closed:  # (waiting for the last jobs: the evaluation points are all behind)
+            self._evaluate_before(comp.time, ended=False)
         if reply is not None and (comp.ok or not is_lost(comp.rejected)):
             self.trainings += 1  # (a training delivered: accepted or rejected; ``Books.trainings``)
         self.handle(comp)  # 5. step and 6. next job (the algorithm's)
@@ -253,6 +256,7 @@ class Driver(RunAPI):
     def _loop(self) -> None:
         manager, budget = self.manager, self.budget
         schedule = self.state.schedule  # (after a resume: the checkpoint's)
+        why = None
         while True:
             comp = self.update()
             if comp is None and manager.waiting:  # workers came back, or slots waited for them
@@ -280,16 +284,37 @@ class Driver(RunAPI):
                     (self.max_trainings is not None and self.trainings >= self.max_trainings):
                 break
             why = self.strategy.stopped(self.state.algorithm)
-            if why is not None:  # (a private run whose clients' budgets are spent)
+            if why is not None:  # (a private run whose clients' budgets are spent: nothing more may be applied)
                 log.warning("%s", why)
                 break
             if manager.clock.now >= self.next_checkpoint:
                 self.save_checkpoint()
+        if self.finish_in_flight and why is None:
+            t_end = self._finish(t_end)
         history = self.state.history
         last = history[-1] if history else None
         if last is None or last["time"] < t_end - 1e-9 * max(1.0, abs(t_end)) or last["updates"] != manager.version:
             self.evaluate(t_end)
         self.evaluations.drain(self.state, block=True)
+
+    def _finish(self, t_end: float) -> float:
+        """The budget is spent: wait for the jobs still in flight (``finish_in_flight``). No job is
+        sent any more; each reply is handed to the algorithm as any other (an update applied, a
+        buffer filled), a job that does not answer within its TTL is lost. Returns the time of the
+        last completion."""
+        manager = self.manager
+        waiting = int(manager.books.in_flight.sum())
+        if not waiting:
+            return t_end
+        log.info("waiting for the %d job%s still in flight (finish_in_flight)", waiting, "s" * (waiting != 1))
+        self.closed = True
+        while manager.books.in_flight.any():
+            comp = self.update()
+            if comp is not None:
+                t_end = comp.time
+            elif manager.waiting:
+                manager.pop_joined()  # (nodes that came back: the run sends no more jobs)
+        return t_end
 
     def handle(self, comp: Completion) -> None:
         """One completion: the window of reply metrics, the algorithm, the failure checks."""

@@ -220,6 +220,8 @@ class RunSpec:
         skip = {"out", "progress", "extra", "workers", "ahead", "checkpoint_every", "resume", "checkpoint_name",
                 "no_batch", "device"}
         what = {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
+        if what["num_trainings"] is None:  # (unset, a run is the one it was before the setting existed)
+            del what["num_trainings"]
         return hashlib.sha256(json.dumps(what, sort_keys=True, default=repr).encode()).hexdigest()
 
     def task_config(self) -> dict[str, Any]:

@@ -71,6 +71,7 @@ class FlowerFacade(Strategy):
         replicas: Sequence[float] | None = None,
         seed: int = 0,
         divergence: Divergence | None = Divergence(),
+        finish_in_flight: bool = False,
         num_rounds: None = None,
     ) -> AsyncResult:
         """Run the asynchronous loop until a budget is spent; return Flower's ``Result``.
@@ -102,7 +103,8 @@ class FlowerFacade(Strategy):
             12 updates; FedAsync: 120 updates). A training counts when its reply reaches the server,
             accepted or rejected (the client did the work; the books say why a reply was rejected); a
             lost job (no reply, an error reply) does not. The jobs still in flight when the budget is
-            reached are not waited for: ``Result.books["in-flight"]`` and the log count them.
+            reached are not waited for (unless ``finish_in_flight``): ``Result.books["in-flight"]``
+            and the log count them.
         time_budget : float, optional
             Stop when the clock reaches this time: virtual time units, or on the wall clock
             seconds / ``time_unit`` counted from the first reply (when a node is ready: Ray's or a
@@ -154,6 +156,14 @@ class FlowerFacade(Strategy):
             diverged model: non-finite, or above ``factor`` × its value at the start at ``points``
             evaluation points in a row (``fl_rescaled.divergence``); the run then fails with the best
             model so far in ``RunFailed.result``. None: never (a sweep that records divergence).
+        finish_in_flight : bool (default: False)
+            When a budget is spent, wait for the jobs still in flight (each at most its ``timeout``)
+            and use their replies as any other, sending no new job: the clients' work is not thrown
+            away, and the run ends a little past its budget (up to one job per slot more trainings,
+            later than ``time_budget``; a FedBuff buffer they do not fill stays unapplied, as at any
+            end). Default: the run ends at its budget, and those jobs are counted, not applied (on
+            Flower's runtimes their replies are left to the SuperLink). A private run whose clients
+            are out of privacy budget never waits (their replies must not be applied).
 
         Returns
         -------
@@ -178,4 +188,4 @@ class FlowerFacade(Strategy):
                       evaluate_fn=evaluate_fn, clock=clock, taus=taus, eval_every=eval_every,
                       num_evaluations=num_evaluations, num_workers=num_workers, partition_query=partition_query,
                       progress=progress, observers=observers, checkpoint=checkpoint, settings=settings,
-                      replicas=replicas, seed=seed, divergence=divergence).run()
+                      replicas=replicas, seed=seed, divergence=divergence, finish_in_flight=finish_in_flight).run()

@@ -209,3 +209,18 @@ def test_run_inprocess_returns_flowers_own_result_too():
     res = run_inprocess(server, app, 4)
     assert type(res) is Result and sorted(res.train_metrics_clientapp) == [1, 2]
     assert Strategy.start is original  # (Flower's strategies are as they were once the call ends)
+
+
+def test_finish_in_flight_waits_for_the_last_jobs_and_applies_them(caplog):
+    caplog.set_level(logging.INFO, logger="flwr.fl_rescaled")
+    res = hostile_run(FedAsync(fraction_evaluate=0.0), num_trainings=50, finish_in_flight=True)
+    books = res.books
+    assert books["in-flight"] == 0 and books["jobs-sent"] == 70  # (no job sent once the budget was spent)
+    assert books["trainings"] == books["updates"] == 70 and books["lost"] == 0
+    assert res.progress[max(res.progress)]["updates"] == 70  # (the end point sees them)
+    assert "waiting for the 20 jobs still in flight (finish_in_flight)" in caplog.text
+    assert "not applied" not in caplog.text
+    res = hostile_run(FedBuff(buffer_size=10, fraction_evaluate=0.0), num_trainings=50, finish_in_flight=True)
+    assert res.books["trainings"] == 70 and res.books["updates"] == 7  # (a buffer fills once more)
+    res = hostile_run(FedAsync(fraction_evaluate=0.0), time_budget=5.0, finish_in_flight=True)
+    assert res.books["in-flight"] == 0 and res.progress[max(res.progress)]["time"] > 5.0
