@@ -47,7 +47,8 @@ class AsyncResult(Result):
     - ``books``: the run's books (``fl_rescaled.manager.books``): updates, trainings, jobs sent,
       replies accepted, rejected and lost (in all and by reason: ``rejected.<reason>``,
       ``lost.<reason>``), discarded, strays, and per worker when there are at most 1,000;
-      ``in-flight``: the jobs sent whose replies the run did not wait for (also said in the log);
+      ``in-flight``: the jobs sent whose replies the run did not wait for (also said in the log;
+      ``start(finish_in_flight=True)`` waits for them);
     - ``privacy``: a private run's per-client contributions and ε, their maximum and mean.
     """
 
