@@ -224,3 +224,18 @@ def test_finish_in_flight_waits_for_the_last_jobs_and_applies_them(caplog):
     assert res.books["trainings"] == 70 and res.books["updates"] == 7  # (a buffer fills once more)
     res = hostile_run(FedAsync(fraction_evaluate=0.0), time_budget=5.0, finish_in_flight=True)
     assert res.books["in-flight"] == 0 and res.progress[max(res.progress)]["time"] > 5.0
+
+
+def test_the_command_line_and_the_run_config_take_num_trainings():
+    from fl_rescaled.experiment import RunSpec, run
+    from fl_rescaled.server_app import spec_from_run_config
+
+    spec = spec_from_run_config({"task": "quadratic", "taus": "1,2", "num-trainings": 30, "budget": 1000.0})
+    assert spec.num_trainings == 30 and spec_from_run_config({"num-trainings": ""}).num_trainings is None
+    out = run(RunSpec(task="quadratic", taus=[1.0, 2.0], num_trainings=30, budget=1000.0, strategy="fedbuff",
+                      options={"buffer_size": 3}, workers=1))
+    assert (out["trainings"], out["num_updates"]) == (30, 10) and out["final_time"] < 1000.0
+    with pytest.raises(SystemExit):  # (a bad value: one line and exit 2)
+        from fl_rescaled import cli
+
+        cli.build_parser().parse_args(["--num-trainings", "0"])
