@@ -229,7 +229,7 @@ def app_config(args: argparse.Namespace, **overrides: Any) -> dict[str, Any]:
 def inprocess(args: argparse.Namespace, workers: int) -> tuple[int, int]:
     """The example app with FedBuff on the in-process Grid: (trainings it used, evaluations)."""
     app = ThreadedClientApp(example_client.app)
-    config = app_config(args, strategy="fedbuff", **{"num-updates": args.trainings // BUFFER})
+    config = app_config(args, strategy="fedbuff", **{"num-trainings": args.trainings})
     run_inprocess(example_server.app, app, num_supernodes=args.nodes, app_dir=EXAMPLE_DIR, run_config=config,
                   workers=workers)
     accepted, trainings = int(Captured.result.books["replies-accepted"]), app.count("train")
@@ -261,7 +261,7 @@ def helper_app(args: argparse.Namespace) -> tuple[ClientApp, list[int]]:
 def inprocess_helper(args: argparse.Namespace) -> tuple[int, int]:
     """The example's ServerApp with FedBuff and the batched helper's ClientApp, in process, workers=1."""
     app, evaluations = helper_app(args)
-    config = app_config(args, strategy="fedbuff", **{"num-updates": args.trainings // BUFFER})
+    config = app_config(args, strategy="fedbuff", **{"num-trainings": args.trainings})
     run_inprocess(example_server.app, app, num_supernodes=args.nodes, app_dir=EXAMPLE_DIR, run_config=config,
                   workers=1)
     return int(Captured.result.books["replies-accepted"]), len(evaluations)

@@ -9,15 +9,16 @@ fails (``RunFailed``, one line naming the clients whose updates were largest, an
 so far in ``RunFailed.result``) when that loss
 
 - is not finite (NaN or ±inf), at once; or
-- is above ``FACTOR`` × the loss at the start (step 0) at ``POINTS`` evaluation points in a row.
+- is above ``FACTOR`` × its first value at ``POINTS`` evaluation points in a row (the first value:
+  the central loss at the start, step 0; the federated one at the first point after it, since the
+  nodes evaluate after each round's worth of trainings, as FedAvg's, not before the first).
 
 Why 10 and 3: an honest run's loss is below its initial loss within a few points, and on
 MNIST the largest honest loss in the paper's α sweeps (the diverging α included) stayed within
 1.4 × the initial loss (2.3 → at most 3.1); ten times the start is a model gone, not a noisy
 point. Three points in a row keep one bad evaluation (a federated evaluation whose nodes were
-unlucky) from ending a run. The rule needs a loss at step 0: without one (no ``evaluate_fn`` and
-no federated evaluation reporting a loss, or a loss of 0 at the start) only non-finite losses
-count. ``start(divergence=None)`` turns the check off (the studies' α sweeps record a diverged run
+unlucky) from ending a run. The rule needs a first loss: without one (no ``evaluate_fn`` and
+no federated evaluation reporting a loss, or a first loss of 0) only non-finite losses count. ``start(divergence=None)`` turns the check off (the studies' α sweeps record a diverged run
 as +inf instead of stopping it).
 
 The best model: the model of the evaluation point with the lowest such loss, kept (as data, in
@@ -100,7 +101,7 @@ class Divergence:
             state.source = source
         elif source != state.source:  # (the watched loss is the one the run started with)
             return None
-        if step == 0 and math.isnan(state.initial):
+        if math.isnan(state.initial):  # (the first: the start's central loss, or the first federated one)
             state.initial = loss
         if not math.isfinite(loss):
             return f"its {source} is {loss} at evaluation point {step}"

@@ -35,6 +35,7 @@ from .grid_api import as_async_grid
 from .layout import ModelLayout
 from .algorithm import Completion
 from .manager import AsyncClientManager, ManagerObserver, ManagerSettings
+from .manager.books import is_lost
 from .metrics import ProgressBar
 from .reporting import (AsyncResult, EvaluateFn, Evaluations, FederatedEvaluation, MetricWindow, all_rejected,
                         log_end, log_start, no_update, rejected_lines, report_result)
@@ -50,34 +51,48 @@ class Driver(RunAPI):
     def __init__(self, strategy: Algorithm, grid: Any, initial_arrays: ArrayRecord, *, num_updates: int | None = None,
                  time_budget: float | None = None, timeout: float = 3600.0, train_config: Any = None,
                  evaluate_config: Any = None, evaluate_fn: EvaluateFn | None = None, clock: Clock | None = None,
-                 taus: list[float] | None = None, eval_every: float | None = None, num_evaluations: int = 10,
+                 taus: list[float] | None = None, eval_every: float | None = None, num_evaluations: int | None = None,
                  num_workers: int | None = None, partition_query: bool | None = None, progress: bool = False,
                  observers: list[ManagerObserver] | None = None, checkpoint: Checkpointing | None = None,
                  settings: ManagerSettings | None = None, replicas: Sequence[float] | None = None,
-                 seed: int = 0, divergence: Divergence | None = Divergence()) -> None:
+                 seed: int = 0, divergence: Divergence | None = Divergence(), num_trainings: int | None = None,
+                 finish_in_flight: bool = False) -> None:
         self.strategy = strategy
+        self.finish_in_flight = bool(finish_in_flight)
         self.seed = int(seed)
-        self.budget, self.max_updates = budgets(time_budget, num_updates, eval_every, num_evaluations)
+        self.budget, self.max_updates, self.max_trainings = budgets(time_budget, num_updates, eval_every,
+                                                                    num_evaluations, num_trainings)
         self.by_time = time_budget is not None
+        #: What the progress bar counts: the budget the run has (time first, then updates, trainings).
+        self.bar_key = "time" if self.by_time else "updates" if self.max_updates is not None else "trainings"
+        #: Client trainings so far: replies delivered (accepted or rejected; ``Books.trainings``).
+        self.trainings = 0
         self.layout, x, carried = ModelLayout.of(initial_arrays)
         settings = settings or ManagerSettings()
         self.grid = as_async_grid(grid, settings.poll_interval)
         lrs = None if replicas is None else np.asarray(replicas, np.float64)
         if lrs is not None and (not lrs.size or x.size % lrs.size or not (lrs > 0).all() or not np.isfinite(lrs).all()):
             raise ValueError("replicas: one positive α per replica, and the model the replicas end to end")
+        #: With neither ``eval_every`` nor ``num_evaluations``: a point per round's worth of trainings,
+        #: set once the run knows its clients per round (``_per_round``).
+        self.per_round = eval_every is None and num_evaluations is None
         if eval_every is not None:
             schedule = EvalSchedule(float(eval_every), None)
+        elif self.per_round:
+            schedule = EvalSchedule(math.inf, None, trainings=1)  # (replaced at the start: ``_per_round``)
         elif time_budget is not None:
             schedule = EvalSchedule(self.budget / num_evaluations, None)
-        else:
+        elif self.max_updates is not None:
             schedule = EvalSchedule(math.inf, max(1, math.ceil(self.max_updates / num_evaluations)))
+        else:
+            schedule = EvalSchedule(math.inf, None, trainings=max(1, math.ceil(self.max_trainings / num_evaluations)))
         evaluation, keys = strategy.evaluation, strategy.run_options
         window = MetricWindow(evaluation.weighted_by_key, kept=None if evaluation.train_metrics_aggr_fn is None else [])
         self.state = RunState(x=x, carried=carried, schedule=schedule, window=window, replica_lrs=lrs)
         self._scratch = np.empty(0, x.dtype)  # (sized at the first step)
         self.configures_jobs = strategy.configures_jobs
         self.plan = None if checkpoint is None else checkpoint.covering(strategy, self.layout, self.budget,
-                                                                         self.max_updates)
+                                                                         self.max_updates, self.max_trainings)
         per_partition = taus is not None or strategy.target_weights() is not None or settings.worker_config is not None
         if partition_query is None:
             partition_query = per_partition
@@ -100,8 +115,8 @@ class Driver(RunAPI):
                                   min_nodes=evaluation.min_evaluate_nodes, weighted_by_key=evaluation.weighted_by_key,
                                   arrayrecord_key=keys.arrayrecord_key, configrecord_key=keys.configrecord_key,
                                   aggregate=evaluation.evaluate_metrics_aggr_fn)
-        bar = ProgressBar(self.budget if self.by_time else float(self.max_updates), enabled=progress,
-                          label=strategy.name)
+        bar = ProgressBar({"time": self.budget, "updates": self.max_updates, "trainings": self.max_trainings}[self.bar_key],
+                          enabled=progress, label=strategy.name)
         self.divergence = divergence if lrs is None else None  # (a batch's losses are the replicas')
         self.evaluations = Evaluations(self.grid, evaluate_fn, fed, bar, train_aggregate=evaluation.train_metrics_aggr_fn,
                                        on_evaluation=strategy.on_evaluation, unit=clock.unit_label,
@@ -116,7 +131,8 @@ class Driver(RunAPI):
         says what runs, as Flower's strategies' do, and how it ended). The driver keeps the run
         (its manager, books and state) readable after it."""
         strategy, manager, state = self.strategy, self.manager, self.state
-        log_start(type(strategy).__name__, self.layout, self.budget if self.by_time else None, self.max_updates)
+        log_start(type(strategy).__name__, self.layout, self.budget if self.by_time else None, self.max_updates,
+                  self.max_trainings)
         strategy.summary()
         wall0 = time.perf_counter()
         if self.plan is not None and self.plan.resume:
@@ -127,6 +143,7 @@ class Driver(RunAPI):
                             weights=strategy.target_weights(), min_nodes=strategy.population.min_available_nodes)
             manager.populate(strategy.population.slots(manager.num_workers), self.seed, strategy.target_weights(),
                              strategy.population.selection)
+            self._per_round(manager.num_workers)
             if not partition_query and manager.num_workers > 1:
                 log.warning("workers are numbered by node id (%d nodes); a ClientApp with "
                             "fl_rescaled.add_partition_query numbers them by partition-id", manager.num_workers)
@@ -141,6 +158,10 @@ class Driver(RunAPI):
         self._loop()
         self.evaluations.bar.close()
         self.wall_seconds = time.perf_counter() - wall0
+        in_flight = int(manager.books.in_flight.sum())
+        if in_flight:
+            log.info("%d job%s still in flight at the end %s not applied (counted in Result.books['in-flight'])",
+                     in_flight, "s" if in_flight != 1 else "", "were" if in_flight != 1 else "was")
         for line in rejected_lines(all_rejected(manager.books), manager.membership.name):
             log.warning("%s", line)
         if manager.version == 0:  # (the initial model back is no result: say why)
@@ -153,6 +174,13 @@ class Driver(RunAPI):
         report_result(result)
         log_end(result, self.wall_seconds)
         return result
+
+    def _per_round(self, n: int) -> None:
+        """The default evaluation schedule, once the run has its ``n`` workers: a point every round's
+        worth of client trainings, FedAvg's clients per round (``PopulationOptions.slots``: C), so a
+        run evaluates as often as FedAvg would for the same trainings."""
+        if self.per_round:
+            self.state.schedule = EvalSchedule(math.inf, None, trainings=self.strategy.population.slots(n))
 
     def _result(self, x: np.ndarray, carried: dict[str, np.ndarray]) -> AsyncResult:
         """Flower's ``Result`` with the model ``x`` (and ``carried``) and the metrics and books so far."""
@@ -202,7 +230,7 @@ class Driver(RunAPI):
         (the caller gives them jobs).
         """
         manager = self.manager
-        ended = manager.next_ended(self.budget)  # 1. match
+        ended = manager.next_ended(math.inf if self.closed else self.budget)  # 1. match
         if ended is None:
             return None
         comp, reply = ended
@@ -210,7 +238,10 @@ class Driver(RunAPI):
             manager.validate(comp, reply)  # 2. validate
             manager.apply_bounds(comp)  # 3. bound
         manager.book(comp)  # 4. book
-        self._evaluate_before(comp.time, ended=False)
+        if not self.closed:  # (waiting for the last jobs: the evaluation points are all behind)
+            self._evaluate_before(comp.time, ended=False)
+        if reply is not None and (comp.ok or not is_lost(comp.rejected)):
+            self.trainings += 1  # (a training delivered: accepted or rejected; ``Books.trainings``)
         self.handle(comp)  # 5. step and 6. next job (the algorithm's)
         return comp
 
@@ -223,7 +254,9 @@ class Driver(RunAPI):
             self.evaluate(schedule.next_time)
 
     def _loop(self) -> None:
-        manager, schedule, budget = self.manager, self.state.schedule, self.budget
+        manager, budget = self.manager, self.budget
+        schedule = self.state.schedule  # (after a resume: the checkpoint's)
+        why = None
         while True:
             comp = self.update()
             if comp is None and manager.waiting:  # workers came back, or slots waited for them
@@ -239,25 +272,49 @@ class Driver(RunAPI):
                 self._evaluate_before(t_end, ended=True)
                 if math.isinf(budget):
                     raise RunFailed("no job is in flight and no update budget is left to reach: the run "
-                                    f"stopped after {manager.version} of {self.max_updates} updates",
-                                    manager.books_totals())
+                                    f"stopped after {manager.version} updates and {self.trainings} trainings "
+                                    f"(budget: {self.max_updates or self.max_trainings} "
+                                    f"{'updates' if self.max_updates else 'trainings'})", manager.books_totals())
                 break
             t_end = comp.time  # (the time of the last update)
-            if schedule.updates is not None and manager.version >= schedule.next_updates:
+            if (schedule.updates is not None and manager.version >= schedule.next_updates) or \
+                    (schedule.trainings is not None and self.trainings >= schedule.next_trainings):
                 self.evaluate(comp.time)
-            if self.max_updates is not None and manager.version >= self.max_updates:
+            if (self.max_updates is not None and manager.version >= self.max_updates) or \
+                    (self.max_trainings is not None and self.trainings >= self.max_trainings):
                 break
             why = self.strategy.stopped(self.state.algorithm)
-            if why is not None:  # (a private run whose clients' budgets are spent)
+            if why is not None:  # (a private run whose clients' budgets are spent: nothing more may be applied)
                 log.warning("%s", why)
                 break
             if manager.clock.now >= self.next_checkpoint:
                 self.save_checkpoint()
+        if self.finish_in_flight and why is None:
+            t_end = self._finish(t_end)
         history = self.state.history
         last = history[-1] if history else None
         if last is None or last["time"] < t_end - 1e-9 * max(1.0, abs(t_end)) or last["updates"] != manager.version:
             self.evaluate(t_end)
         self.evaluations.drain(self.state, block=True)
+
+    def _finish(self, t_end: float) -> float:
+        """The budget is spent: wait for the jobs still in flight (``finish_in_flight``). No job is
+        sent any more; each reply is handed to the algorithm as any other (an update applied, a
+        buffer filled), a job that does not answer within its TTL is lost. Returns the time of the
+        last completion."""
+        manager = self.manager
+        waiting = int(manager.books.in_flight.sum())
+        if not waiting:
+            return t_end
+        log.info("waiting for the %d job%s still in flight (finish_in_flight)", waiting, "s" * (waiting != 1))
+        self.closed = True
+        while manager.books.in_flight.any():
+            comp = self.update()
+            if comp is not None:
+                t_end = comp.time
+            elif manager.waiting:
+                manager.pop_joined()  # (nodes that came back: the run sends no more jobs)
+        return t_end
 
     def handle(self, comp: Completion) -> None:
         """One completion: the window of reply metrics, the algorithm, the failure checks."""
@@ -283,9 +340,10 @@ class Driver(RunAPI):
         if extra:
             log.info("privacy at t=%g (%d updates): ε max %.4g, mean %.4g (δ = %.3g)", t, manager.version,
                      extra["dp_max_epsilon"], extra["dp_mean_epsilon"], reported["delta"])
-        self.evaluations.point(state, t, manager.summary(t), lambda: self.layout.to_record(state.x, state.carried),
+        self.evaluations.point(state, t, {**manager.summary(t), "trainings": self.trainings},
+                               lambda: self.layout.to_record(state.x, state.carried),
                                lambda: [ids[w] for w in manager.online_workers()], self.strategy.stored_vectors(self.state.algorithm),
-                               self.by_time, extra)
+                               self.bar_key, extra)
         if "epsilon" in reported and len(reported["epsilon"]) <= 1000:  # (the figure of ε per client over time)
             state.history[-1]["dp_epsilon_per_worker"] = list(reported["epsilon"])
 
@@ -317,11 +375,13 @@ class Driver(RunAPI):
         loaded = load(self.plan, strategy.State)
         saved = loaded.manager
         assert saved is not None
+        self._per_round(saved.books.n)
+        self.trainings = saved.books.trainings
         try:
             loaded.check_restored(self.state, saved.books.n)
             needs_jobs = manager.resume(saved, strategy.population.slots(saved.books.n), self.seed,
                                         strategy.target_weights(), strategy.population.selection)
-            loaded.check_history(manager.clock.now, manager.version)
+            loaded.check_history(manager.clock.now, manager.version, self.trainings)
             strategy.check_state(loaded.algorithm, manager.num_workers, loaded.x)
         except ValueError as exc:
             raise CheckpointError(f"{self.plan.path}: {exc}") from None

@@ -8,6 +8,9 @@ clock a run goes as fast as its computation.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +19,41 @@ from flwr.clientapp import ClientApp
 from flwr.common.config import get_fused_config_from_dir
 from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.serverapp import ServerApp
-from flwr.serverapp.strategy import Result
+from flwr.serverapp.strategy import Result, Strategy
 
 from .grid import InProcessGrid
-from .reporting import captured_results
+from .reporting import captured_results, report_result
+
+#: Flower's own ``Strategy.start`` (FedAvg's and every Flower strategy's round loop).
+_FLOWER_START = Strategy.start
+_HOOKED = threading.Lock()
+_RUNS = [0]  # run_inprocess calls under way (the hook is in place while there are any)
+
+
+def _start_reported(self: Strategy, *args: Any, **kwargs: Any) -> Result:
+    """Flower's ``Strategy.start``, its ``Result`` handed to the ``captured_results`` block of this
+    thread (if any) as the asynchronous strategies hand theirs."""
+    result = _FLOWER_START(self, *args, **kwargs)
+    report_result(result)
+    return result
+
+
+@contextmanager
+def _flower_results() -> Iterator[None]:
+    """While a ``run_inprocess`` call runs, Flower's strategies report their ``Result`` too (their
+    ``start`` returns it to the ServerApp only, whose ``main`` returns nothing): ``Strategy.start``
+    is wrapped, then put back when the last such call ends. The wrapper only passes the result on."""
+    with _HOOKED:
+        if _RUNS[0] == 0 and Strategy.start is _FLOWER_START:
+            Strategy.start = _start_reported  # type: ignore[method-assign]
+        _RUNS[0] += 1
+    try:
+        yield
+    finally:
+        with _HOOKED:
+            _RUNS[0] -= 1
+            if _RUNS[0] == 0 and Strategy.start is _start_reported:
+                Strategy.start = _FLOWER_START  # type: ignore[method-assign]
 
 
 def app_run_config(app_dir: str | Path, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -77,10 +111,11 @@ def run_inprocess(
 
     Returns
     -------
-    AsyncResult or None
-        The ``Result`` of the last asynchronous strategy the ServerApp ran (``strategy.start``), as
-        that call returned it; None if it ran none (Flower's own strategies return theirs to the
-        ServerApp only). An exception of the ServerApp (a strategy's ``RunFailed``, say) propagates.
+    Result or None
+        The ``Result`` of the last strategy the ServerApp ran (``strategy.start``), as that call
+        returned it: an ``AsyncResult`` for the asynchronous strategies, Flower's ``Result`` for
+        Flower's own (FedAvg, ...); None if it ran none. An exception of the ServerApp (a
+        strategy's ``RunFailed``, say) propagates.
     """
     config = app_run_config(app_dir, run_config) if app_dir is not None else dict(run_config or {})
     if node_configs is not None and len(node_configs) != num_supernodes:
@@ -90,7 +125,7 @@ def run_inprocess(
     context = Context(run_id=grid.run.run_id, node_id=SUPERLINK_NODE_ID, node_config={}, state=RecordDict(),
                       run_config=dict(config))
     try:
-        with captured_results() as results:
+        with captured_results() as results, _flower_results():
             server_app(grid, context)
     finally:
         grid.close()

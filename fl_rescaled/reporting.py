@@ -29,20 +29,26 @@ log = logging.getLogger("flwr.fl_rescaled")
 class AsyncResult(Result):
     """Flower's ``Result`` for an asynchronous run, plus its bookkeeping, each in its own record.
 
-    Keyed by evaluation point (0: the start; then about ten points over the budget, or every
-    ``eval_every`` time units), where FedAvg keys by round:
+    Keyed as FedAvg keys its rounds: integers, 0 the start (``evaluate_fn`` only, as FedAvg's
+    round 0), then 1, 2, ... one per evaluation point. By default a point comes after every round's
+    worth of client trainings (C, FedAvg's clients per round), so key k is where FedAvg's round k
+    would be: k × C trainings. With ``eval_every`` the points are every that many time units, with
+    ``num_evaluations`` that many over the budget; the run's last point is its end.
 
     - ``arrays``: the final model, in the layout of ``initial_arrays``;
     - ``train_metrics_clientapp[k]``: the metrics of the replies accepted since point k − 1,
       aggregated as FedAvg aggregates a round's (``train_metrics_aggr_fn``);
-    - ``evaluate_metrics_clientapp[k]``: federated evaluation at point k (``evaluate_metrics_aggr_fn``);
+    - ``evaluate_metrics_clientapp[k]``: federated evaluation at point k ≥ 1 (``evaluate_metrics_aggr_fn``);
     - ``evaluate_metrics_serverapp[k]``: what ``evaluate_fn`` returned at point k;
-    - ``progress[k]``: ``time`` (virtual time units in process, seconds / ``time_unit`` on the wall
-      clock), ``updates`` (server updates so far), ``replies`` (accepted since point k − 1),
-      ``cumulative-stepsize``;
-    - ``books``: the run's books (``fl_rescaled.manager.books``): updates, jobs sent, replies
-      accepted, rejected and lost (in all and by reason: ``rejected.<reason>``, ``lost.<reason>``),
-      discarded, in flight, strays, and per worker when there are at most 1,000;
+    - ``progress[k]``: where point k is: ``time`` (virtual time units in process, seconds /
+      ``time_unit`` on the wall clock), ``trainings`` (client trainings so far,
+      ``Books.trainings``), ``updates`` (server updates so far), ``replies`` (accepted since point
+      k − 1), ``cumulative-stepsize``;
+    - ``books``: the run's books (``fl_rescaled.manager.books``): updates, trainings, jobs sent,
+      replies accepted, rejected and lost (in all and by reason: ``rejected.<reason>``,
+      ``lost.<reason>``), discarded, strays, and per worker when there are at most 1,000;
+      ``in-flight``: the jobs sent whose replies the run did not wait for (also said in the log;
+      ``start(finish_in_flight=True)`` waits for them);
     - ``privacy``: a private run's per-client contributions and ε, their maximum and mean.
     """
 
@@ -270,18 +276,22 @@ class Evaluations:
         self.pending: deque[tuple] = deque()  # the points whose central evaluation may still run
 
     def point(self, state: Any, t: float, books_row: dict[str, Any], arrays: Callable[[], ArrayRecord],
-              online_nodes: Callable[[], list[int]], stored_vectors: int, by_time: bool,
+              online_nodes: Callable[[], list[int]], stored_vectors: int, bar_key: str,
               extra: dict[str, Any] | None = None) -> None:
         """One evaluation point at time ``t`` of the run whose state is ``state`` (a ``RunState``);
-        ``online_nodes`` is asked only when a federated evaluation runs (a population can be large)."""
+        ``books_row`` has its books (with ``trainings``); the progress bar shows ``progress[bar_key]``.
+        The federated evaluation runs at every point but the start (FedAvg evaluates on the nodes
+        after each round, never before the first); ``online_nodes`` is asked only then (a
+        population can be large)."""
         step = state.schedule.step
         row: dict[str, Any] = {"time": float(t), **books_row, "stored_vectors": stored_vectors}
-        progress = {"time": float(t), "updates": books_row["updates"], "replies": state.window.replies,
-                    "cumulative-stepsize": books_row["cumulative_stepsize"]}
+        progress = {"time": float(t), "trainings": books_row["trainings"], "updates": books_row["updates"],
+                    "replies": state.window.replies, "cumulative-stepsize": books_row["cumulative_stepsize"]}
         if extra:  # (a private run: ε max and mean so far)
             row.update(extra)
             progress.update({k.replace("_", "-"): v for k, v in extra.items()})
-        evaluated = self.evaluate_fn is not None or self.fed_eval.fraction > 0
+        federated = self.fed_eval.fraction > 0 and step > 0
+        evaluated = self.evaluate_fn is not None or federated
         record = arrays() if evaluated or self.on_evaluation is not None else None
         server: Any = None
         if self.evaluate_fn is not None:
@@ -293,22 +303,22 @@ class Evaluations:
             row["train_metrics"] = train
             state.train_metrics[step] = train
         fed = None
-        if self.fed_eval.fraction > 0:
+        if federated:
             fed = self.fed_eval.run(step, record, online_nodes())
         if fed is not None:
             row["evaluate_metrics"] = fed
             state.client_metrics[step] = fed
         state.progress[step] = progress
         state.history.append(row)
-        self.pending.append((step, row, progress, train, fed, server, by_time, record))
+        self.pending.append((step, row, progress, train, fed, server, bar_key, record))
         state.window.clear()
-        state.schedule.advance(books_row["updates"])
+        state.schedule.advance(books_row["updates"], books_row["trainings"])
         self.drain(state, block=False)
 
     def drain(self, state: Any, block: bool) -> None:
         """Finish the evaluation points whose central evaluation is done, in order (all: ``block``)."""
         while self.pending:
-            step, row, progress, train, fed, server, by_time, record = self.pending[0]
+            step, row, progress, train, fed, server, bar_key, record = self.pending[0]
             if isinstance(server, Future):
                 if not (block or server.done()):
                     return
@@ -326,16 +336,19 @@ class Evaluations:
                 metrics = {name: MetricRecord(m) for name, m in (("train", train), ("server", server),
                                                                  ("federated", fed), ("progress", progress)) if m}
                 self.on_evaluation(step, record, metrics)
-            self.bar.update(progress["time"] if by_time else progress["updates"], row)
+            self.bar.update(progress[bar_key], row)
 
 
-def log_start(strategy: str, layout: Any, time_budget: float | None, max_updates: int | None) -> None:
+def log_start(strategy: str, layout: Any, time_budget: float | None, max_updates: int | None,
+              max_trainings: int | None = None) -> None:
     """The start of a run in the log, as FedAvg's (its strategy's own lines follow: ``summary``)."""
     log.info("Starting %s strategy:", strategy)
     log.info("\t├── Model: %d arrays, %d trained values (%s)", len(layout.entries), layout.flat_size,
              layout.flat_dtype)
     log.info("\t├── Budget: %s", " and ".join(([f"{time_budget:g} time units"] if time_budget is not None else [])
-                                              + ([f"{max_updates} updates"] if max_updates is not None else [])))
+                                              + ([f"{max_updates} updates"] if max_updates is not None else [])
+                                              + ([f"{max_trainings} client trainings"] if max_trainings is not None
+                                                 else [])))
 
 
 def log_end(result: Result, wall_seconds: float) -> None:

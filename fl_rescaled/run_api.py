@@ -96,6 +96,9 @@ class RunAPI:
     strategy: Algorithm
     configures_jobs: bool
     _scratch: np.ndarray
+    #: True once the budget is spent and the run only waits for the jobs in flight
+    #: (``finish_in_flight``): the algorithm's requests for jobs then send nothing.
+    closed: bool = False
 
     @property
     def n(self) -> int:
@@ -149,17 +152,22 @@ class RunAPI:
         self.manager.record_update(worker, stepsize if booked is None else booked)
 
     def send(self, worker: int) -> None:
-        self.manager.send(worker, self.state.x, self.version, self.job_config(), self.state.carried)
+        if not self.closed:
+            self.manager.send(worker, self.state.x, self.version, self.job_config(), self.state.carried)
 
     def send_next(self, after: int | None) -> int | None:
+        if self.closed:
+            return None
         job = self.manager.send_next(after, self.state.x, self.version, self.job_config(), self.state.carried)
         return None if job is None else job.worker
 
     def refill(self) -> None:
-        self.manager.refill(self.state.x, self.version, self.job_config(), self.state.carried)
+        if not self.closed:
+            self.manager.refill(self.state.x, self.version, self.job_config(), self.state.carried)
 
     def resend(self, job: Job) -> None:
-        self.manager.resend(job, self.job_config())
+        if not self.closed:
+            self.manager.resend(job, self.job_config())
 
     def cancel_all(self) -> None:
         self.manager.cancel_all()

@@ -85,6 +85,10 @@ class RunSpec:
     num_clients: int | None = setting(None, "number of clients (default len(taus), else 10)", low=1, high=MAX_CLIENTS)
     budget: float = setting(10000.0, "time budget in time units (simulated; on the wall clock seconds / time-unit)",
                             positive=True)
+    num_trainings: int | None = setting(None, "also stop after this many client trainings (FedAvg's rounds × clients "
+                                              "per round; a reply accepted or rejected counts, a lost job does "
+                                              "not), if the time budget is not spent first", low=1,
+                                        high=MAX_EVENTS)
     seed: int = setting(0, "seeds the partition, the model, the delays and every client's minibatches",
                         low=0, high=2**63 - 1)
     eval_every: float | None = setting(None, "evaluation period in time units (default budget/200); costs no "
@@ -216,6 +220,8 @@ class RunSpec:
         skip = {"out", "progress", "extra", "workers", "ahead", "checkpoint_every", "resume", "checkpoint_name",
                 "no_batch", "device"}
         what = {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
+        if what["num_trainings"] is None:  # (unset, a run is the one it was before the setting existed)
+            del what["num_trainings"]
         return hashlib.sha256(json.dumps(what, sort_keys=True, default=repr).encode()).hexdigest()
 
     def task_config(self) -> dict[str, Any]:

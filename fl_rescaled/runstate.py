@@ -27,50 +27,66 @@ from .manager import ManagerState
 from .reporting import MetricWindow
 
 #: Bumped whenever the layout of a run's state changes: older checkpoints are refused by name.
-STATE_VERSION = 6
+STATE_VERSION = 7
 
 
 def budgets(time_budget: float | None, num_updates: int | None, eval_every: float | None,
-            num_evaluations: int) -> tuple[float, int | None]:
-    """Validated budgets: (time budget, inf if none; server updates, None if none)."""
-    if time_budget is None and num_updates is None:
-        raise ValueError("give a budget: num_updates (server updates) and/or time_budget (time units)")
+            num_evaluations: int | None, num_trainings: int | None = None) -> tuple[float, int | None, int | None]:
+    """Validated budgets: (time budget, inf if none; server updates, None if none; client
+    trainings, None if none). ``num_updates`` and ``num_trainings`` count the same run's work in
+    two units (one FedBuff update is K trainings): give one of them, not both."""
+    if num_updates is not None and num_trainings is not None:
+        raise ValueError("give num_trainings (client trainings: FedAvg's num_rounds × clients per round) or "
+                         "num_updates (server updates), not both")
+    if time_budget is None and num_updates is None and num_trainings is None:
+        raise ValueError("give a budget: num_trainings (client trainings: FedAvg's num_rounds × clients per round), "
+                         "num_updates (server updates) and/or time_budget (time units)")
     if time_budget is not None and not (time_budget > 0 and math.isfinite(time_budget)):
         raise ValueError(f"time_budget must be positive and finite, got {time_budget!r}")
-    if num_updates is not None and (isinstance(num_updates, bool) or int(num_updates) != num_updates
-                                    or num_updates < 1):
-        raise ValueError(f"num_updates must be a positive integer, got {num_updates!r}")
+    for name, count in (("num_updates", num_updates), ("num_trainings", num_trainings)):
+        if count is not None and (isinstance(count, bool) or not isinstance(count, (int, float, np.integer))
+                                  or int(count) != count or count < 1):
+            raise ValueError(f"{name} must be a positive integer, got {count!r}")
     if eval_every is not None and not eval_every > 0:
         raise ValueError("eval_every must be positive")
-    if num_evaluations < 1:
-        raise ValueError("num_evaluations must be at least 1")
+    if num_evaluations is not None and (isinstance(num_evaluations, bool) or int(num_evaluations) != num_evaluations
+                                        or num_evaluations < 1):
+        raise ValueError(f"num_evaluations must be a positive integer, got {num_evaluations!r}")
     return (float(time_budget) if time_budget is not None else math.inf,
-            int(num_updates) if num_updates is not None else None)
+            int(num_updates) if num_updates is not None else None,
+            int(num_trainings) if num_trainings is not None else None)
 
 
 @dataclass
 class EvalSchedule:
-    """When to evaluate: every ``period`` time units, or every ``updates`` server updates."""
+    """When to evaluate: every ``period`` time units, every ``updates`` server updates, or every
+    ``trainings`` client trainings (the default: a round's worth, FedAvg's clients per round)."""
 
     period: float
     updates: int | None
     step: int = 0
     next_time: float = 0.0
     next_updates: int = 0
+    trainings: int | None = None
+    next_trainings: int = 0
 
     def __post_init__(self) -> None:
         if self.updates is not None and self.next_updates == 0:
             self.next_updates = self.updates
+        if self.trainings is not None and self.next_trainings == 0:
+            self.next_trainings = self.trainings
 
-    def advance(self, version: int) -> None:
+    def advance(self, version: int, trainings: int = 0) -> None:
         self.step += 1
         self.next_time = self.step * self.period
         if self.updates is not None:
             self.next_updates = version + self.updates
+        if self.trainings is not None:
+            self.next_trainings = trainings + self.trainings
 
     def check(self) -> None:
-        if not (self.period > 0) or self.step < 0 or (self.updates is not None and self.updates < 1):
-            raise ValueError("evaluation schedule: a positive period or update count")
+        if not (self.period > 0) or self.step < 0 or any(c is not None and c < 1 for c in (self.updates, self.trainings)):
+            raise ValueError("evaluation schedule: a positive period, update count or training count")
 
 
 @dataclass
@@ -110,9 +126,10 @@ class RunState:
         if self.x.shape != fresh.x.shape or self.x.dtype != fresh.x.dtype:
             raise ValueError("its model does not have the layout of this run's")
         mine, theirs = fresh.schedule, self.schedule
-        if (theirs.period, theirs.updates) != (mine.period, mine.updates):
-            raise ValueError(f"its evaluation schedule (every {theirs.period!r} time units or {theirs.updates!r} "
-                             f"updates) is not this run's (every {mine.period!r} or {mine.updates!r})")
+        if (theirs.period, theirs.updates, theirs.trainings) != (mine.period, mine.updates, mine.trainings):
+            raise ValueError(f"its evaluation schedule (every {theirs.period!r} time units, {theirs.updates!r} "
+                             f"updates or {theirs.trainings!r} trainings) is not this run's (every {mine.period!r}, "
+                             f"{mine.updates!r} or {mine.trainings!r})")
         if theirs.step != len(self.history) or theirs.next_time != (theirs.step * theirs.period if theirs.step else 0.0):
             raise ValueError(f"its evaluation step {theirs.step!r} (next at {theirs.next_time!r}) does not fit its "
                              f"schedule and its {len(self.history)} evaluations")
@@ -123,17 +140,21 @@ class RunState:
                 lrs.shape != given.shape or not ((lrs == given) | (lrs == 0)).all())):
             raise ValueError("its replicas' step sizes are not this run's (each α, or 0 once frozen)")
 
-    def check_history(self, now: float, version: int) -> None:
+    def check_history(self, now: float, version: int, trainings: int = 0) -> None:
         """Raise ValueError when the schedule or the history is ahead of the restored clock's time
-        ``now`` and ``version`` (server updates), or the next point by updates is further than one
-        period away."""
-        updates = self.schedule.updates
-        if updates is not None and not version < self.schedule.next_updates <= version + updates:
-            raise ValueError(f"its next evaluation is due after {self.schedule.next_updates!r} updates, which "
-                             f"its {version} updates and its schedule (every {updates}) cannot give")
+        ``now``, ``version`` (server updates) and ``trainings`` (client trainings), or the next point
+        by updates or trainings is further than one period away."""
+        for unit, every, due, done_so_far in (("updates", self.schedule.updates, self.schedule.next_updates, version),
+                                              ("trainings", self.schedule.trainings, self.schedule.next_trainings,
+                                               trainings)):
+            if every is not None and not done_so_far < due <= done_so_far + every:
+                raise ValueError(f"its next evaluation is due after {due!r} {unit}, which its {done_so_far} {unit} "
+                                 f"and its schedule (every {every}) cannot give")
         last = self.history[-1] if self.history else {}
         when, done = last.get("time", 0.0), last.get("updates", 0)
-        if not (isinstance(when, (int, float)) and isinstance(done, int)) or when > now or done > version:
+        trained = last.get("trainings", 0)
+        if not (isinstance(when, (int, float)) and isinstance(done, int) and isinstance(trained, int)) \
+                or when > now or done > version or trained > trainings:
             raise ValueError(f"its last evaluation (at {last.get('time')!r}) is after its clock's time ({now!r}) or "
                              "its updates")
 
@@ -170,12 +191,13 @@ class Checkpointing:
     fingerprint: str
     resume: bool = False
 
-    def covering(self, strategy: Any, layout: Any, budget: float, max_updates: int | None) -> Checkpointing:
+    def covering(self, strategy: Any, layout: Any, budget: float, max_updates: int | None,
+                 max_trainings: int | None = None) -> Checkpointing:
         """This plan with a fingerprint that also covers the strategy, its options, the model's layout
         and the budgets: a checkpoint of any other run is refused."""
         what = {"run": self.fingerprint, "strategy": type(strategy).__name__,
                 "options": {k: repr(v) for k, v in strategy.describe().items()}, "model": layout.describe(),
-                "budget": repr(budget), "updates": max_updates}
+                "budget": repr(budget), "updates": max_updates, **({"trainings": max_trainings} if max_trainings else {})}
         digest = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
         return Checkpointing(self.path, self.every, digest, self.resume)
 

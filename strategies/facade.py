@@ -56,11 +56,12 @@ class FlowerFacade(Strategy):
         evaluate_config: ConfigRecord | dict | None = None,
         evaluate_fn: EvaluateFn | None = None,
         *,
+        num_trainings: int | None = None,
         time_budget: float | None = None,
         clock: Clock | None = None,
         taus: list[float] | None = None,
         eval_every: float | None = None,
-        num_evaluations: int = 10,
+        num_evaluations: int | None = None,
         num_workers: int | None = None,
         partition_query: bool | None = None,
         progress: bool = False,
@@ -70,6 +71,7 @@ class FlowerFacade(Strategy):
         replicas: Sequence[float] | None = None,
         seed: int = 0,
         divergence: Divergence | None = Divergence(),
+        finish_in_flight: bool = False,
         num_rounds: None = None,
     ) -> AsyncResult:
         """Run the asynchronous loop until a budget is spent; return Flower's ``Result``.
@@ -82,8 +84,10 @@ class FlowerFacade(Strategy):
             The initial model, in the layout every job carries and every reply must have
             (``ArrayRecord(model.state_dict())``, say).
         num_updates : int, optional
-            Stop after this many server updates (FedAvg's ``num_rounds`` becomes this or
-            ``time_budget``, at least one of the two required; ``num_rounds`` is a ``TypeError``).
+            Stop after this many server updates (one FedBuff update is K trainings, one FedAsync
+            update one). Give it or ``num_trainings``, not both (``ValueError``); at least one of
+            ``num_trainings``, ``num_updates`` and ``time_budget`` is required, and FedAvg's
+            ``num_rounds`` is a ``TypeError``.
         timeout : float (default: 3600)
             Seconds a job (and an evaluation) may take before it counts as lost: every message's TTL.
         train_config, evaluate_config : ConfigRecord, optional
@@ -92,6 +96,15 @@ class FlowerFacade(Strategy):
         evaluate_fn : callable, optional
             Central evaluation ``evaluate_fn(step, arrays) -> MetricRecord | None``, called at the
             start (step 0), at every evaluation point and at the end.
+        num_trainings : int, optional
+            Stop after this many client trainings, the unit of FedAvg's work: FedAvg's
+            ``num_rounds × clients per round`` (``num_rounds=3`` with 12 nodes per round is
+            ``num_trainings=36``), the same for every strategy (FedBuff with K = 10: 120 trainings are
+            12 updates; FedAsync: 120 updates). A training counts when its reply reaches the server,
+            accepted or rejected (the client did the work; the books say why a reply was rejected); a
+            lost job (no reply, an error reply) does not. The jobs still in flight when the budget is
+            reached are not waited for (unless ``finish_in_flight``): ``Result.books["in-flight"]``
+            and the log count them.
         time_budget : float, optional
             Stop when the clock reaches this time: virtual time units, or on the wall clock
             seconds / ``time_unit`` counted from the first reply (when a node is ready: Ray's or a
@@ -102,10 +115,16 @@ class FlowerFacade(Strategy):
         taus : list of float, optional
             Per-partition compute times for the default virtual clock (needs the partition query).
         eval_every : float, optional
-            Evaluation period in time units. Default: ``num_evaluations`` points over the budget
-            (over ``time_budget`` when given, else every ``num_updates / num_evaluations`` updates).
-        num_evaluations : int (default: 10)
-            Evaluation points after the start when ``eval_every`` is not given.
+            Evaluation period in time units. Default: an evaluation point after every round's worth
+            of client trainings, C = FedAvg's clients per round (``max(min_train_nodes,
+            ⌊fraction_train · N⌋)``, or ``concurrency``): ``evaluate_fn`` at the start and at every
+            point, and the federated evaluation of ``fraction_evaluate`` of the nodes at every point
+            after the start, as FedAvg evaluates once per round. So a run costs FedAvg's evaluations
+            for the same trainings, whatever its budget's unit.
+        num_evaluations : int, optional
+            Instead: this many evaluation points after the start, spread over the budget (over
+            ``time_budget`` when given, else every ``num_updates / num_evaluations`` updates or
+            ``num_trainings / num_evaluations`` trainings).
         num_workers : int, optional
             Use the first ``num_workers`` workers only (default: every node).
         partition_query : bool, optional
@@ -137,12 +156,21 @@ class FlowerFacade(Strategy):
             diverged model: non-finite, or above ``factor`` × its value at the start at ``points``
             evaluation points in a row (``fl_rescaled.divergence``); the run then fails with the best
             model so far in ``RunFailed.result``. None: never (a sweep that records divergence).
+        finish_in_flight : bool (default: False)
+            When a budget is spent, wait for the jobs still in flight (each at most its ``timeout``)
+            and use their replies as any other, sending no new job: the clients' work is not thrown
+            away, and the run ends a little past its budget (up to one job per slot more trainings,
+            later than ``time_budget``; a FedBuff buffer they do not fill stays unapplied, as at any
+            end). Default: the run ends at its budget, and those jobs are counted, not applied (on
+            Flower's runtimes their replies are left to the SuperLink). A private run whose clients
+            are out of privacy budget never waits (their replies must not be applied).
 
         Returns
         -------
         AsyncResult
-            Flower's ``Result`` (final arrays in the initial layout, metrics keyed by evaluation
-            number) plus the run's ``books``.
+            Flower's ``Result`` (final arrays in the initial layout, metrics keyed by round as
+            FedAvg's: 0 the start, then one key per evaluation point) plus each point's time,
+            trainings and updates (``progress``) and the run's ``books`` (``AsyncResult``).
 
         Raises
         ------
@@ -152,10 +180,12 @@ class FlowerFacade(Strategy):
             names the clients whose updates were largest; ``RunFailed.result`` has the best model).
         """
         if num_rounds is not None:
-            raise TypeError(f"{type(self).__name__}.start() takes num_updates and/or time_budget, not FedAvg's num_rounds")
-        return Driver(self, grid, initial_arrays, num_updates=num_updates, time_budget=time_budget,
+            raise TypeError(f"{type(self).__name__}.start() takes num_trainings (FedAvg's num_rounds × clients per "
+                            "round), num_updates and/or time_budget, not FedAvg's num_rounds")
+        return Driver(self, grid, initial_arrays, num_updates=num_updates, num_trainings=num_trainings,
+                      time_budget=time_budget,
                       timeout=timeout, train_config=train_config, evaluate_config=evaluate_config,
                       evaluate_fn=evaluate_fn, clock=clock, taus=taus, eval_every=eval_every,
                       num_evaluations=num_evaluations, num_workers=num_workers, partition_query=partition_query,
                       progress=progress, observers=observers, checkpoint=checkpoint, settings=settings,
-                      replicas=replicas, seed=seed, divergence=divergence).run()
+                      replicas=replicas, seed=seed, divergence=divergence, finish_in_flight=finish_in_flight).run()

@@ -59,9 +59,10 @@ def test_evaluations_and_the_codec_row(bench, mnist_cache):
     table = {row["row"]: row for row in out["table"]}
     assert list(table) == [bench.IN1, bench.IN2, bench.BARE1, bench.BARE2, bench.IN1_CODEC]
     assert all(row["trainings"] == 10 for row in table.values())
-    # One FedBuff update, evaluated at its start and its end on 2 of the 5 nodes; the bare loop has none.
-    assert table[bench.IN1]["evaluations"] == table[bench.IN2]["evaluations"] == 4
-    assert table[bench.IN1_CODEC]["evaluations"] == 4
+    # FedAvg's cost for 10 trainings: a point per round's worth (2: fraction-train 0.25 of 5 nodes, at
+    # least 2), none at the start, each on 2 of the 5 nodes: 5 × 2; the bare loop has none.
+    assert table[bench.IN1]["evaluations"] == table[bench.IN2]["evaluations"] == 10
+    assert table[bench.IN1_CODEC]["evaluations"] == 10
     assert table[bench.BARE1]["evaluations"] == 0
 
 

@@ -199,7 +199,7 @@ def test_fresh_metric_names_in_every_reply_are_bounded_per_window(custom, caplog
     s = STRATEGIES["rescaled"](fraction_evaluate=0.0, train_metrics_aggr_fn=aggregate_metricrecords if custom else None)
     res = start_run(s, MetricFloodGrid(), ArrayRecord({"w": Array(np.zeros(hostile.DIM, np.float32))}), time_budget=100.0,
                   clock=VirtualClock(DelayModel(hostile.TAUS)), train_config={"reply": "gradient"},
-                  partition_query=True)
+                  partition_query=True, num_evaluations=10)
     assert res.books["updates"] > 100
     rows = list(res.train_metrics_clientapp.values())
     assert len(rows) == 10 and all(0 < len(r) <= MAX_METRIC_KEYS for r in rows), [len(r) for r in rows]

@@ -362,7 +362,8 @@ def test_an_examples_run_config_table_is_its_pyproject(example):
         where = f"examples/{example}/README.md"
         assert_quoted(where, r"trained on MNIST by (\d+) simulated SuperNodes", n)
         assert_quoted(where, r"Its `options.num-supernodes = (\d+)` gives (\d+) SuperNodes", n, n)
-        assert_quoted(where, r"flwr run \. --stream # FedBuff, 20 updates, (\d+) SuperNodes", n)
+        assert_quoted(where, r"flwr run \. --stream # FedBuff, (\d+) trainings, (\d+) SuperNodes",
+                      config["num-trainings"], n)
 
 
 def test_the_files_a_deployment_copies_are_the_scripts():

@@ -278,10 +278,11 @@ def test_the_serverapp_fails_the_run_when_no_reply_can_be_used():
 
 
 # ---------------------------------------------------------------------------------------------- budgets, metrics
-def test_num_updates_stops_exactly_and_ten_evaluations_by_default():
+def test_num_updates_stops_exactly_and_num_evaluations_spreads_ten_points_over_it():
     seen = []
     result = RescaledASGD(reply="model").start(
         grid=grid_of(fedavg_client()), initial_arrays=initial(), train_config={"lr": 0.05}, num_updates=37,
+        num_evaluations=10,
         evaluate_fn=lambda step, arrays: seen.append(step) or MetricRecord({"w0": float(arrays["w"].numpy()[0, 0])}))
     assert result.books["updates"] == 37
     assert seen == list(range(11))  # the start, then every 4 updates (⌈37/10⌉), and the end
@@ -290,13 +291,19 @@ def test_num_updates_stops_exactly_and_ten_evaluations_by_default():
     assert set(result.evaluate_metrics_serverapp[0]) == {"w0"}  # the user's own metrics, nothing mixed in
     with pytest.raises(ValueError, match="budget"):
         RescaledASGD().start(grid=grid_of(fedavg_client()), initial_arrays=initial())
+    seen.clear()  # by default: a point per round's worth of trainings (2 nodes: every 2), and the end
+    result = RescaledASGD(reply="model").start(
+        grid=grid_of(fedavg_client()), initial_arrays=initial(), train_config={"lr": 0.05}, num_updates=37,
+        evaluate_fn=lambda step, arrays: seen.append(step) or MetricRecord({"w0": float(arrays["w"].numpy()[0, 0])}))
+    assert seen == list(range(20))
+    assert [int(result.progress[s]["trainings"]) for s in seen] == [*range(0, 37, 2), 37]
 
 
-def test_time_budget_gives_ten_evaluation_points_and_weighted_reply_metrics():
+def test_a_time_budget_with_ten_evaluations_gives_ten_points_and_weighted_reply_metrics():
     grid = grid_of(fedavg_client(hello=True, evaluate=True), taus=(1.0, 1.0, 1.0))
     result = FedAsync(fraction_evaluate=2 / 3).start(grid=grid, initial_arrays=initial(),
                                                      train_config={"lr": 0.05}, time_budget=20.0,
-                                                     partition_query=True)
+                                                     num_evaluations=10, partition_query=True)
     assert sorted(result.train_metrics_clientapp) == list(range(1, 11))
     for step, rec in result.train_metrics_clientapp.items():
         # Every worker replied equally often: the mean of "partition" weighted by num-examples = pid + 1.
@@ -306,7 +313,7 @@ def test_time_budget_gives_ten_evaluation_points_and_weighted_reply_metrics():
         progress = result.progress[step]
         assert progress["replies"] > 0 and progress["time"] == pytest.approx(2.0 * step)
     fed = result.evaluate_metrics_clientapp
-    assert sorted(fed) == list(range(11))
+    assert sorted(fed) == list(range(1, 11))  # (as FedAvg: the nodes evaluate after a round, not before the first)
     assert all(set(rec) == {"eval_loss"} and np.isfinite(rec["eval_loss"]) for rec in fed.values())
 
 
@@ -326,8 +333,9 @@ def test_fedavgs_metric_keywords_aggregate_as_fedavg_does_lists_included():
     grid = grid_of(fedavg_client(hello=True, evaluate=True), taus=(1.0, 1.0, 1.0))
     result = FedAsync(fraction_evaluate=0.1, min_evaluate_nodes=2, train_metrics_aggr_fn=count("train"),
                       evaluate_metrics_aggr_fn=count("evaluate")).start(
-        grid=grid, initial_arrays=initial(), train_config={"lr": 0.05}, time_budget=20.0, partition_query=True)
-    assert seen["evaluate"] == [2] * 11  # max(min_evaluate_nodes, ⌊0.1 · 3⌋) = 2 nodes, every point
+        grid=grid, initial_arrays=initial(), train_config={"lr": 0.05}, time_budget=20.0, num_evaluations=10,
+        partition_query=True)
+    assert seen["evaluate"] == [2] * 10  # max(min_evaluate_nodes, ⌊0.1 · 3⌋) = 2 nodes, every point after the start
     assert seen["train"] == [6] * 10  # 3 nodes, τ = 1, 2 time units per window
     assert all(rec["replies"] == 6 for rec in result.train_metrics_clientapp.values())
 

@@ -105,7 +105,7 @@ def test_the_examples_batched_app_runs_in_process_and_matches_its_unbatched_repl
     results = []
     monkeypatch.setattr(server_app, "report", lambda name, initial, result: results.append(result))
     torch.set_num_threads(1)
-    config = {"strategy": "fedbuff", "num-updates": 2, "examples-per-client": 60, "fraction-evaluate": 0.0,
+    config = {"strategy": "fedbuff", "num-trainings": 4, "examples-per-client": 60, "fraction-evaluate": 0.0,
               "central-examples": 0}
     run_inprocess(server_app.app, batched_app.app, num_supernodes=4, app_dir=example_dir, run_config=config)
     assert results and results[-1].books["replies-accepted"] >= 2

@@ -240,6 +240,13 @@ class Books:
         """Replies that passed validation (applied or unused)."""
         return int(self.count("applied").sum() + self.count("unused").sum())
 
+    @property
+    def trainings(self) -> int:
+        """Client trainings delivered: replies accepted (applied or unused) or rejected (a client's
+        training that reached the server, used or not); lost jobs (no reply, an error reply) are not
+        trainings. What ``num_trainings`` counts."""
+        return self.accepted + int(self.count("rejected").sum())
+
     def per_worker(self) -> dict[str, np.ndarray]:
         """The balance's columns as arrays (``COLUMNS``)."""
         return {"sent": self.jobs_sent, "applied": self.count("applied"), "rejected": self.count("rejected"),
@@ -273,7 +280,7 @@ class Books:
         the sum of its per-worker list."""
         cols = self.per_worker()
         out: dict[str, Any] = {"updates": self.version, "jobs-sent": int(cols["sent"].sum()),
-                               "replies-accepted": self.accepted}
+                               "replies-accepted": self.accepted, "trainings": self.trainings}
         for key in COLUMNS[2:]:
             out[key] = int(cols[key].sum())
         out["cumulative-stepsize"] = self.stepsize_sum

@@ -1,8 +1,9 @@
 """The ServerApp: Flower's quickstart ServerApp, with the strategy chosen by the run config.
 
 ``strategy = "fedavg"`` runs Flower's own FedAvg for ``num-server-rounds`` rounds; ``"fedbuff"``,
-``"fedasync"`` and ``"rescaled"`` run an asynchronous strategy of fl_rescaled for ``num-updates``
-server updates. The two branches of ``main`` differ only in the constructor, the budget argument
+``"fedasync"`` and ``"rescaled"`` run an asynchronous strategy of fl_rescaled for ``num-trainings``
+client trainings, the unit of FedAvg's work (``num-server-rounds`` × the nodes it trains per round:
+10 rounds of 12 nodes are 120 trainings, whatever the strategy makes of them). The two branches of ``main`` differ only in the constructor, the budget argument
 and where the run config's ``seed`` goes (FedAvg samples its nodes with Python's ``random``; an
 asynchronous strategy draws them from ``start(seed=...)``): the ClientApp, the model, the configs
 and the ``Result`` are the same.
@@ -85,7 +86,7 @@ def main(grid: Grid, context: Context) -> None:
             grid=grid,
             initial_arrays=arrays,
             train_config=ConfigRecord({"lr": lr}),
-            num_updates=int(context.run_config["num-updates"]),
+            num_trainings=int(context.run_config["num-trainings"]),  # FedAvg's num_rounds × nodes per round
             evaluate_fn=evaluate_fn,
             seed=seed,  # the selection of nodes with fraction-train < 1
         )
