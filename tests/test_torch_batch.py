@@ -46,14 +46,17 @@ def _app(**kw):
     return torch_client_app(TinyCNN, F.cross_entropy, tiny_data, batch_size=8, local_steps=3, lr=0.1, **kw)
 
 
+@pytest.mark.parametrize("vmap", [True, None])
 @pytest.mark.parametrize("with_seq,workers", [(True, 1), (False, 1), (False, 2)])
-def test_batched_replies_equal_the_unbatched_clientapps(with_seq, workers):
+def test_batched_replies_equal_the_unbatched_clientapps(with_seq, workers, vmap):
     """Without ``job-seq`` a node counts its jobs in its context: node 0's two jobs keep their order
-    even when the batch's calls (two jobs each) could run on two threads."""
+    even when the batch's calls (two jobs each) could run on two threads. With ``vmap=True`` the
+    batch call trains the jobs in one ``vmap`` (equal up to rounding); by default a CNN on the CPU
+    is trained one job after the other inside the call (the same bits as one by one)."""
     torch.set_num_threads(1)
     replies = {}
     for batch in (False, True):
-        grid = InProcessGrid(_app(chunk=2), 3, workers=workers, batch=batch)
+        grid = InProcessGrid(_app(chunk=2, vmap=vmap), 3, workers=workers, batch=batch)
         nodes = list(grid.get_node_ids())
         msgs = []
         for j, model in enumerate(_models(5)):  # node 0 gets two jobs: its job counter moves between them
@@ -70,6 +73,8 @@ def test_batched_replies_equal_the_unbatched_clientapps(with_seq, workers):
         for k in a:
             assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape
             np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6)
+            if vmap is None:
+                np.testing.assert_array_equal(a[k], b[k])
         np.testing.assert_allclose(one.content["metrics"]["train_loss"], many.content["metrics"]["train_loss"],
                                    rtol=1e-5)
     start = _models(1)[0]["fc.weight"].numpy()
