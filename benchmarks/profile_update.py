@@ -8,7 +8,9 @@ strategy, validation and encoding (``layout``, ``bounds``, ``peer_bounds``, ``me
 ``matching``), the in-process Grid (``grid``, ``grid_batch``, ``batching``), the ClientApp and the
 task's Python (``clients``, ``tasks``: decoding, job generators, minibatch draws), numpy, the rest.
 cProfile slows Python down, not the kernels: the scaled column keeps the kernels' time and shrinks
-the other bins alike to the unprofiled wall time of the same run (an estimate).
+the other bins alike to the unprofiled time of the same run (an estimate). Times are the process's
+CPU time (``time.process_time``: one thread, so a shared, loaded machine inflates them less than wall
+time); the function calls per update are exact and do not depend on the load.
 
     PYTHONPATH=. python benchmarks/profile_update.py [--updates 8000]
 """
@@ -61,27 +63,29 @@ def spec(updates: int, batch: bool) -> RunSpec:
 
 def profile(updates: int, batch: bool) -> None:
     run(spec(500, batch))  # warm-up: data, caches
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     out = run(spec(updates, batch))
-    wall = time.perf_counter() - t0
+    wall = time.process_time() - t0
     prof = cProfile.Profile()
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     prof.enable()
     run(spec(updates, batch))
     prof.disable()
-    profiled = time.perf_counter() - t0
+    profiled = time.process_time() - t0
     stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
     bins: dict[str, float] = {}
+    calls = sum(nc for (_cc, nc, _tt, _ct, _callers) in stats.values())
     for (path, _line, name), (_cc, _nc, tottime, _ct, _callers) in stats.items():
         b = _bin(path, name)
         bins[b] = bins.get(b, 0.0) + tottime
     n = out["num_updates"]
     total = sum(bins.values())
     kern = bins.get("torch kernels", 0.0)
-    shrink = max(wall - kern, 0.0) / max(profiled - kern, 1e-9)
-    print(f"\n{'batched' if batch else 'one by one (--no-batch)'}: {n} updates, {1e6 * wall / n:.0f} µs/update "
-          f"unprofiled, {1e6 * profiled / n:.0f} µs/update profiled")
-    print(f"  {'bin':<30}{'profiled µs/update':>20}{'scaled to wall':>16}{'share':>8}")
+    # (on a loaded machine the profiled kernels may take longer than the whole unprofiled run: no estimate then)
+    shrink = (wall - kern) / (profiled - kern) if wall > kern and profiled > kern else float("nan")
+    print(f"\n{'batched' if batch else 'one by one (--no-batch)'}: {n} updates, {1e6 * wall / n:.0f} CPU µs/update "
+          f"unprofiled, {1e6 * profiled / n:.0f} profiled, {calls / n:.0f} Python function calls per update")
+    print(f"  {'bin':<30}{'profiled µs/update':>20}{'scaled':>16}{'share':>8}")
     for b, t in sorted(bins.items(), key=lambda kv: -kv[1]):
         scaled = t if b == "torch kernels" else t * shrink
         print(f"  {b:<30}{1e6 * t / n:20.0f}{1e6 * scaled / n:16.0f}{t / total:8.0%}")
