@@ -7,11 +7,12 @@ the trained model, in the message's own ``ArrayRecord`` layout (its ``state_dict
 - one message at a time (Flower's engine, a deployment) it runs ``nn.Module`` and autograd;
 - the in-process Grid answers the jobs in flight in one call: the B received models are stacked
   parameter by parameter and one ``torch.func.vmap`` of ``grad`` of ``functional_call`` computes the
-  B minibatch gradients of each step at once, on ``device``. Where that cannot win, the call trains
-  its jobs one after the other with the unbatched code instead (``vmap``: by default, a model with a
-  convolution on the CPU, where ``vmap`` makes each convolution a grouped one and the batched CNN of
-  the example app ran at 0.8 of the one-by-one speed; the choice depends on the model and the device
-  only, so a run's replies do not depend on how its jobs were grouped).
+  B minibatch gradients of each step at once, on ``device``. On the CPU the call trains its jobs one
+  after the other with the unbatched code instead (the ``vmap`` option; by default ``vmap`` on a GPU
+  only): there ``torch.func``'s transforms cost more than they save, for the example app's CNN
+  (``vmap`` turns each convolution into a grouped one) and for a 784-128-10 MLP alike (measured: 1.2
+  to 1.6 × the CPU time per job of ``nn.Module`` and autograd, 4 or 10 jobs per call). The choice
+  depends on the device only, so a run's replies do not depend on how its jobs were grouped.
 
 Both draw step q's minibatch of ``batch_size`` rows without replacement from the client's data with
 one generator per job, seeded from (``seed``, partition id, job number): the job number is the
@@ -56,17 +57,10 @@ class _Helper:
         self.batch_size, self.local_steps, self.lr, self.seed = int(batch_size), int(local_steps), lr, int(seed)
         self.device, self.arrays_key, self.vmap = device, arrays_key, vmap
         self._data: dict[tuple[int, str], tuple[Any, Any]] = {}
-        self._has_conv: bool | None = None
 
     def batches(self, device: str) -> bool:
         """Whether a batch call trains its jobs with one ``vmap`` (else one after the other)."""
-        if self.vmap is not None:
-            return bool(self.vmap)
-        if self._has_conv is None:
-            from torch import nn
-
-            self._has_conv = any(isinstance(m, nn.modules.conv._ConvNd) for m in self.model_fn().modules())
-        return not (device == "cpu" and self._has_conv)
+        return bool(self.vmap) if self.vmap is not None else device != "cpu"
 
     def data(self, context: Context, device: str):
         pid = int(context.node_config.get("partition-id", 0))
@@ -190,8 +184,8 @@ def torch_client_app(model_fn: Callable[[], Any], loss_fn: Callable, data_fn: Ca
         At most this many jobs per batched call (None: all the jobs in flight at once).
     vmap : bool, optional
         Whether a batched call trains its jobs with one ``torch.func.vmap`` per step (True) or one
-        after the other with the unbatched code (False). None (default): ``vmap`` unless the model
-        has a convolution and the jobs run on the CPU (measured slower there).
+        after the other with the unbatched code (False). None (default): ``vmap`` on a GPU, one
+        after the other on the CPU (where ``vmap`` was measured slower).
 
     Returns
     -------

@@ -51,20 +51,22 @@ def _app(**kw):
 def test_batched_replies_equal_the_unbatched_clientapps(with_seq, workers, vmap):
     """Without ``job-seq`` a node counts its jobs in its context: node 0's two jobs keep their order
     even when the batch's calls (two jobs each) could run on two threads. With ``vmap=True`` the
-    batch call trains the jobs in one ``vmap`` (equal up to rounding); by default a CNN on the CPU
-    is trained one job after the other inside the call (the same bits as one by one)."""
+    batch call trains the jobs in one ``vmap`` (equal up to rounding); by default, on the CPU, one
+    job after the other inside the call (the same bits as one by one)."""
     torch.set_num_threads(1)
     replies = {}
     for batch in (False, True):
-        grid = InProcessGrid(_app(chunk=2, vmap=vmap), 3, workers=workers, batch=batch)
+        # (ahead=False: unbatched, the jobs run when pulled, in push order; computed ahead on the pool,
+        # node 0's second job could take the node's lock before its first one under load)
+        grid = InProcessGrid(_app(chunk=2, vmap=vmap), 3, workers=workers, batch=batch, ahead=False)
         nodes = list(grid.get_node_ids())
         msgs = []
         for j, model in enumerate(_models(5)):  # node 0 gets two jobs: its job counter moves between them
             cfg = ConfigRecord({"lr": 0.1, **({"job-seq": j} if with_seq else {})})
             msgs.append(grid.create_message(RecordDict({"arrays": model, "config": cfg}), "train",
                                             nodes[j % 3] if j < 4 else nodes[0], "1"))
-        ids = list(grid.push_messages(msgs))
-        replies[batch] = list(grid.pull_messages(ids))
+        replies[batch] = list(grid.send_and_receive(msgs))
+        assert len(replies[batch]) == len(msgs)
         assert (grid.batches is not None) == batch and (not batch or grid.batches.jobs == 5)
     for one, many in zip(replies[False], replies[True]):
         assert not one.has_error() and not many.has_error()
