@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The device check of issue 28 in one command: CPU against GPU for the batched jobs in flight.
 #
-#   bash benchmarks/device_check.sh [--tiny]     (from anywhere; PYTHON=... picks the interpreter)
+#   bash benchmarks/device_check.sh [tiny]     (from anywhere; PYTHON=... picks the interpreter)
 #
-# Prints, on a host with CUDA (about 5 minutes on one H100/H200 host; --tiny: a minute, to check it runs):
+# Prints, on a host with CUDA (about 5 minutes on one H100/H200 host; tiny: a minute, to check it runs):
 #   1. bench_device.py: the paper's run (Rescaled, C = 10) and a population (vanilla ASGD, N = C = 100),
 #      one by one (--no-batch) / batched / batched --workers 2 on the CPU, batched on cuda, and the
 #      bare loops (CPU, 1 thread; cuda): each a whole run, median of interleaved repeats;
@@ -18,7 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
-if [ "${1:-}" = "--tiny" ]; then
+if [ "${1:-}" = "tiny" ]; then
   PAPER=20 POP=3 REPEATS=1 TRAININGS=10 UREPEATS=1
 else
   PAPER=1000 POP=40 REPEATS=3 TRAININGS=60 UREPEATS=2
