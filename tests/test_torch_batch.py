@@ -56,8 +56,8 @@ def test_batched_replies_equal_the_unbatched_clientapps(with_seq, workers, vmap)
     torch.set_num_threads(1)
     replies = {}
     for batch in (False, True):
-        # (ahead=False: unbatched, the jobs run when pulled, in push order; computed ahead on the pool,
-        # node 0's second job could take the node's lock before its first one under load)
+        # (ahead=False: unbatched, the jobs run when pulled, in push order; computed ahead on the pool, a
+        # pull returns only the replies already done, which left the lists unaligned under load)
         grid = InProcessGrid(_app(chunk=2, vmap=vmap), 3, workers=workers, batch=batch, ahead=False)
         nodes = list(grid.get_node_ids())
         msgs = []
