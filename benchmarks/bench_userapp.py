@@ -12,7 +12,9 @@ job (the pool's threads and Ray's actors too), no federated or central evaluatio
                            partitions, FedBuff's arithmetic in torch; 2 threads: a buffer's 10 jobs
   batched helper (--helper) the same FedBuff run with the example's ``batched_app`` (``torch_client_app``:
                            plain SGD, as many minibatch steps as an epoch, the jobs in flight trained
-                           in one ``torch.func.vmap`` per step, on ``--device``), workers=1
+                           in one call on ``--device``: one ``torch.func.vmap`` per step, or one job
+                           after the other on the CPU, the helper's default for a CNN there;
+                           ``--helper-vmap on|off|both`` forces either or adds both rows), workers=1
   Flower engine, FedAvg    the example's ServerApp with Flower's FedAvg (N/nodes rounds of every
                            node) and its ClientApp on the Simulation Engine (Ray, 2 CPUs, 1 actor
                            each), as ``run_on_flower_engine`` runs it
@@ -35,12 +37,13 @@ docs/performance.md): Flower's ``Array`` (de)serialisation replaced by fl_rescal
 
     python benchmarks/bench_userapp.py [--trainings 60] [--repeats 3] [--nodes 10] [--no-flower]
         [--examples-per-client 500] [--local-epochs 1] [--fraction-evaluate 0] [--cached-codec] [--json]
-        [--helper [--device cpu|cuda|auto]]
+        [--helper [--device cpu|cuda|auto] [--helper-vmap auto|on|off|both]]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import math
 import json
@@ -239,7 +242,7 @@ def inprocess(args: argparse.Namespace, workers: int) -> tuple[int, int]:
     return accepted, app.count("evaluate")
 
 
-def helper_app(args: argparse.Namespace) -> tuple[ClientApp, list[int]]:
+def helper_app(args: argparse.Namespace, vmap: bool | None = None) -> tuple[ClientApp, list[int]]:
     """The example's ``batched_app`` rebuilt for this run's config (epoch → steps), and its evaluations."""
     from quickstart_async.batched_app import client_data
 
@@ -247,7 +250,7 @@ def helper_app(args: argparse.Namespace) -> tuple[ClientApp, list[int]]:
     bs = int(cfg["batch-size"])
     steps = int(cfg["local-epochs"]) * math.ceil(round(task.TRAIN_SHARE * int(cfg["examples-per-client"])) / bs)
     app = torch_client_app(task.Net, torch.nn.functional.cross_entropy, client_data, batch_size=bs,
-                           local_steps=steps, lr=float(cfg["learning-rate"]), device=args.device)
+                           local_steps=steps, lr=float(cfg["learning-rate"]), device=args.device, vmap=vmap)
     evaluations: list[int] = []
 
     def evaluate(msg: Message, context: Context) -> Message:
@@ -258,9 +261,9 @@ def helper_app(args: argparse.Namespace) -> tuple[ClientApp, list[int]]:
     return app, evaluations
 
 
-def inprocess_helper(args: argparse.Namespace) -> tuple[int, int]:
+def inprocess_helper(args: argparse.Namespace, vmap: bool | None = None) -> tuple[int, int]:
     """The example's ServerApp with FedBuff and the batched helper's ClientApp, in process, workers=1."""
-    app, evaluations = helper_app(args)
+    app, evaluations = helper_app(args, vmap)
     config = app_config(args, strategy="fedbuff", **{"num-trainings": args.trainings})
     run_inprocess(example_server.app, app, num_supernodes=args.nodes, app_dir=EXAMPLE_DIR, run_config=config,
                   workers=1)
@@ -307,7 +310,12 @@ ENGINE_COLD, ENGINE = "Flower engine FedAvg, 1st run (cold)", "Flower engine Fed
 BARE_ALONGSIDE = "bare loop, 1 thread, in the simulation"
 #: Threads that compute jobs (the engine's rows: --num-cpus actors).
 HELPER = "in-process FedBuff, batched helper"
-CORES = {IN1: 1, IN2: 2, IN1_CODEC: 1, BARE1: 1, BARE2: 2, BARE_ALONGSIDE: 1, HELPER: 1}
+#: The helper's rows by ``--helper-vmap``: (row, the helper's ``vmap``)
+HELPER_ROWS = {"auto": [(HELPER, None)], "on": [(HELPER + " (vmap)", True)],
+               "off": [(HELPER + " (one after the other)", False)]}
+HELPER_ROWS["both"] = HELPER_ROWS["on"] + HELPER_ROWS["off"]
+CORES = {IN1: 1, IN2: 2, IN1_CODEC: 1, BARE1: 1, BARE2: 2, BARE_ALONGSIDE: 1,
+         **{row: 1 for rows in HELPER_ROWS.values() for row, _ in rows}}
 
 
 def flower_phase(args: argparse.Namespace, rows: dict[str, list], extra: dict[str, float]) -> None:
@@ -369,8 +377,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     if args.cached_codec:
         cases[IN1_CODEC] = lambda: with_cached_codec(lambda: inprocess(args, 1))
     if args.helper:
-        inprocess_helper(small)  # (warm-up)
-        cases[HELPER] = lambda: inprocess_helper(args)
+        for row, vmap in HELPER_ROWS[args.helper_vmap]:
+            inprocess_helper(small, vmap)  # (warm-up)
+            cases[row] = functools.partial(inprocess_helper, args, vmap)
     names = list(cases)
     rows: dict[str, list[dict[str, float]]] = {k: [] for k in names}
     for r in range(args.repeats):  # interleaved, the order rotated, so noise hits every row alike
@@ -430,6 +439,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--cached-codec", action="store_true", help="add a workers=1 row with another Array codec (an experiment)")
     add("--helper", action="store_true", help="add the row of the example's batched helper app (batched_app)")
     add("--device", default="cpu", choices=("cpu", "cuda", "auto"), help="the helper row's device")
+    add("--helper-vmap", default="auto", choices=tuple(HELPER_ROWS),
+        help="the helper's batch call: its default (auto), one vmap (on), one job after the other (off), both rows")
     add("--json", action="store_true", help="print the result as JSON")
     return ap.parse_args(argv)
 

@@ -25,7 +25,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 
 from fl_rescaled.batching import BatchedClientApp
 from fl_rescaled.layout import decode_array, encode_array
-from fl_rescaled.messages import JOB_TYPE, add_partition_query
+from fl_rescaled.messages import JOB_TYPE, add_partition_query, plain_record
 from fl_rescaled.tasks import MnistTask, QuadraticTask, get_task, job_rng, local_sgd, scratch
 from fl_rescaled.tasks.batched import mnist_jobs, quadratic_gradients, resolve_device
 
@@ -91,7 +91,8 @@ def train(msg: Message, context: Context) -> Message:
     metrics = {"loss": float(loss), "num-examples": int(examples), "compute-time": time.perf_counter() - t0}
     reply = ArrayRecord()
     reply[key] = encode_array(np.asarray(out))
-    return Message(RecordDict({arrays_key: reply, "metrics": MetricRecord(metrics)}), reply_to=msg)
+    return Message(plain_record(RecordDict, {arrays_key: reply, "metrics": plain_record(MetricRecord, metrics)}),
+                   reply_to=msg)
 
 
 def batch_key(msg: Message):
@@ -152,5 +153,6 @@ def train_many(msgs: list[Message], contexts: list[Context]) -> list[Message]:
         record = ArrayRecord()
         record[key] = encode_array(out)
         metrics = {"loss": float(loss), "num-examples": int(examples), "compute-time": share}
-        replies.append(Message(RecordDict({arrays_key: record, "metrics": MetricRecord(metrics)}), reply_to=msg))
+        content = plain_record(RecordDict, {arrays_key: record, "metrics": plain_record(MetricRecord, metrics)})
+        replies.append(Message(content, reply_to=msg))
     return replies

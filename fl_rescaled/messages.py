@@ -40,7 +40,31 @@ HELLO_TYPE = "query.hello"
 
 def job_content(arrays: ArrayRecord, config: dict[str, Any], arrayrecord_key: str = "arrays",
                 configrecord_key: str = "config") -> RecordDict:
-    return RecordDict({arrayrecord_key: arrays, configrecord_key: ConfigRecord(config)})
+    return plain_record(RecordDict, {arrayrecord_key: arrays,
+                                     configrecord_key: plain_record(ConfigRecord, config)})
+
+
+#: The exact value types each record takes as they are (Flower's ``ConfigScalar`` and
+#: ``MetricScalar``; a RecordDict's records).
+_SCALARS: dict[type, frozenset[type]] = {ConfigRecord: frozenset((int, float, str, bytes, bool)),
+                                          MetricRecord: frozenset((int, float)),
+                                          RecordDict: frozenset((ArrayRecord, ConfigRecord, MetricRecord))}
+
+
+def plain_record(cls: type[ConfigRecord] | type[MetricRecord] | type[RecordDict], values: dict[str, Any]) -> Any:
+    """``cls(values)`` for a ConfigRecord, MetricRecord or RecordDict, built in one step when every
+    key is a ``str`` and every value's exact type is one the record takes (values Flower's checks
+    would pass: a job's config and content, a reply's metrics and content, each update); anything
+    else (a list, a subclass, a wrong type) goes through ``cls(values)`` and so through Flower's own
+    checks. Flower's per-item check costs about 3 µs a value on our machine, most of the cost of
+    building a job's records (29 µs for a job's config of 8 values, 1 µs this way)."""
+    scalars = _SCALARS[cls]
+    rec = cls()
+    data = rec.__dict__.get("_data")
+    if type(data) is dict and all(type(k) is str and type(v) in scalars for k, v in values.items()):
+        data.update(values)
+        return rec
+    return cls(values)
 
 
 #: Metric keys with a meaning of their own: a count of examples and a compute time in seconds.

@@ -46,22 +46,27 @@ def _app(**kw):
     return torch_client_app(TinyCNN, F.cross_entropy, tiny_data, batch_size=8, local_steps=3, lr=0.1, **kw)
 
 
+@pytest.mark.parametrize("vmap", [True, None])
 @pytest.mark.parametrize("with_seq,workers", [(True, 1), (False, 1), (False, 2)])
-def test_batched_replies_equal_the_unbatched_clientapps(with_seq, workers):
+def test_batched_replies_equal_the_unbatched_clientapps(with_seq, workers, vmap):
     """Without ``job-seq`` a node counts its jobs in its context: node 0's two jobs keep their order
-    even when the batch's calls (two jobs each) could run on two threads."""
+    even when the batch's calls (two jobs each) could run on two threads. With ``vmap=True`` the
+    batch call trains the jobs in one ``vmap`` (equal up to rounding); by default, on the CPU, one
+    job after the other inside the call (the same bits as one by one)."""
     torch.set_num_threads(1)
     replies = {}
     for batch in (False, True):
-        grid = InProcessGrid(_app(chunk=2), 3, workers=workers, batch=batch)
+        # (ahead=False: unbatched, the jobs run when pulled, in push order; computed ahead on the pool, a
+        # pull returns only the replies already done, which left the lists unaligned under load)
+        grid = InProcessGrid(_app(chunk=2, vmap=vmap), 3, workers=workers, batch=batch, ahead=False)
         nodes = list(grid.get_node_ids())
         msgs = []
         for j, model in enumerate(_models(5)):  # node 0 gets two jobs: its job counter moves between them
             cfg = ConfigRecord({"lr": 0.1, **({"job-seq": j} if with_seq else {})})
             msgs.append(grid.create_message(RecordDict({"arrays": model, "config": cfg}), "train",
                                             nodes[j % 3] if j < 4 else nodes[0], "1"))
-        ids = list(grid.push_messages(msgs))
-        replies[batch] = list(grid.pull_messages(ids))
+        replies[batch] = list(grid.send_and_receive(msgs))
+        assert len(replies[batch]) == len(msgs)
         assert (grid.batches is not None) == batch and (not batch or grid.batches.jobs == 5)
     for one, many in zip(replies[False], replies[True]):
         assert not one.has_error() and not many.has_error()
@@ -70,6 +75,8 @@ def test_batched_replies_equal_the_unbatched_clientapps(with_seq, workers):
         for k in a:
             assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape
             np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6)
+            if vmap is None:
+                np.testing.assert_array_equal(a[k], b[k])
         np.testing.assert_allclose(one.content["metrics"]["train_loss"], many.content["metrics"]["train_loss"],
                                    rtol=1e-5)
     start = _models(1)[0]["fc.weight"].numpy()
