@@ -42,18 +42,22 @@ class PrivateRun:
     def privacy(self) -> PrivacyState:
         return self._run.strategy_state.privacy
 
+    @property
+    def privacy_state(self) -> Any:
+        return self._run.strategy_state
+
     def apply(self, worker: int, update: np.ndarray, stepsize: float, booked: float | None = None) -> None:
         """x ← x − γ (Σ clipped updates + N(0, σ²)): the noise goes on the sum the strategy applies."""
         noisy = self.privacy.release(update, self._dp.privacy.sigma)
         self._run.apply(worker, noisy, stepsize, booked)
 
     def send(self, worker: int) -> None:
-        if self._dp.may_train(self, worker):
+        if self._dp.admits(self.privacy_state, worker):
             self.privacy.inflight[worker] += 1
             self._run.send(worker)
 
     def send_next(self, after: int | None) -> None:
-        if after is not None and self._run.concurrency >= self._run.n and not self._dp.may_train(self, after):
+        if after is not None and self._run.concurrency >= self._run.n and not self._dp.admits(self.privacy_state, after):
             return  # (with C = N the slot is the worker's: it stays idle)
         worker = self._run.send_next(after)
         if worker is not None:
@@ -95,8 +99,9 @@ class AsyncDPFixedClipping(FlowerFacade):
         The δ of every (ε, δ) reported.
     target_epsilon : float, optional (default: none)
         Each client's budget: a client whose ε at δ would exceed it after one more update gets no
-        more jobs (one log line names it); the run stops, with a warning, when fewer than
-        ``min(min_train_nodes, N)`` clients remain. Needs C = N (every client training).
+        more jobs (one log line names it): with C = N its slot stays empty, with C < N the
+        selection passes it over (``admits``) on either clock; the run stops, with a warning, when
+        fewer than ``min(min_train_nodes, N)`` clients remain.
     seed : int, optional (default: fresh entropy)
         Seeds the noise (a simulation's reproducibility; leave it out in a deployment). The
         generator's state is part of every checkpoint, so a resumed run draws the same noise.
@@ -128,9 +133,6 @@ class AsyncDPFixedClipping(FlowerFacade):
 
     # ---------------------------------------------------------------- the algorithm, delegated
     def init_state(self, run: Run) -> Any:
-        if self.privacy.target_epsilon is not None and run.concurrency < run.n:
-            raise ValueError("target_epsilon needs every client training (C = N): with C < N the selection "
-                             "cannot yet leave out a client over budget")
         return self.State(self.strategy.init_state(PrivateRun(run, self)), PrivacyState.fresh(run.n, self.privacy.seed))
 
     def check_state(self, state: Any, n: int, x: np.ndarray) -> None:
@@ -162,15 +164,16 @@ class AsyncDPFixedClipping(FlowerFacade):
         return self.strategy.stored_vectors(state.inner)
 
     # ---------------------------------------------------------------- budgets and reports
-    def may_train(self, run: PrivateRun, worker: int) -> bool:
+    def admits(self, state: Any, worker: int) -> bool:
         """Whether ``worker`` may get a job: its ε stays within ``target_epsilon`` even when this job's
-        update, and every one it has pending or in flight, is released. The first no sets it aside."""
-        st, opts = run.privacy, self.privacy
+        update, and every one it has pending or in flight, is released. The first no sets it aside
+        for the rest of the run (``excluded``, in checkpoints). The selection asks this with C < N."""
+        st, opts = state.privacy, self.privacy
         if opts.target_epsilon is None:
             return True
         if st.excluded[worker]:
             return False
-        delta = opts.delta_for(run.n)
+        delta = opts.delta_for(len(st.counts))
         if epsilon(st.spent_if(worker, 1), opts.noise_multiplier, delta) <= opts.target_epsilon:
             return True
         st.excluded[worker] = True

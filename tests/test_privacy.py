@@ -14,6 +14,7 @@ import pytest
 
 import dp_accounting as dpa  # (part of the test extra: a missing one fails the run, it is never skipped)
 from fl_rescaled import experiment
+from fl_rescaled.manager import ManagerObserver
 from fl_rescaled.codec import StateError, decode, encode
 from fl_rescaled.privacy import PrivacyState, default_delta, epsilon
 from fl_rescaled.runspec import RunSpec
@@ -170,10 +171,49 @@ def test_a_client_over_budget_is_no_longer_selected_and_the_run_stops_when_too_f
         assert max(dp["contributions"]) == most
 
 
-def test_budgets_need_every_client_training():
-    with pytest.raises(ValueError, match="C = N"):
-        quad_run(dp_noise_multiplier=1.0, dp_clipping_norm=1.0, dp_target_epsilon=4.0,
-                 options={"concurrency": 2})
+class Jobs(ManagerObserver):
+    """Every job sent, in order, and the order in which the accountant set clients aside."""
+
+    def __init__(self) -> None:
+        self.sent: list[int] = []
+
+    def job_sent(self, job) -> None:
+        self.sent.append(job.worker)
+
+
+@pytest.mark.parametrize("strategy,clock", [("rescaled", "virtual"), ("fedbuff", "virtual"), ("fedasync", "wall")])
+def test_with_c_below_n_the_selection_leaves_out_a_client_over_budget(strategy, clock, caplog):
+    """C = 3 of N = 8 clients, uniform selection: a client set aside gets no job after the log line
+    that names it, every ε stays within the budget, and the run stops when fewer than two remain."""
+    caplog.set_level(logging.INFO, logger="flwr.fl_rescaled")
+    jobs, target = Jobs(), 10.0
+    taus = [1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 8.0, 8.0]
+    spec = dict(QUAD, taus=taus, quad_a=[1.0] * 8, quad_b=[float(i) for i in range(8)], budget=400.0)
+    if clock == "wall":
+        spec.update(clock="wall", time_unit=0.002, budget=400.0)
+    marks: list[int] = []
+
+    class Mark(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "is no longer selected" in record.getMessage():
+                marks.append(len(jobs.sent))
+
+    handler = Mark()
+    logging.getLogger("flwr.fl_rescaled").addHandler(handler)
+    try:
+        out = experiment.run(RunSpec(strategy=strategy, **spec, dp_noise_multiplier=1.0, dp_clipping_norm=1.0,
+                                     dp_target_epsilon=target, options={"concurrency": 3}), observers=[jobs])
+    finally:
+        logging.getLogger("flwr.fl_rescaled").removeHandler(handler)
+    dp = out["dp"]
+    assert all(e <= target for e in dp["epsilon"])
+    assert len(dp["excluded"]) >= 7  # (the run stops when fewer than min_train_nodes = 2 remain)
+    named = [int(r.getMessage().split()[1]) for r in caplog.records if "is no longer selected" in r.getMessage()]
+    assert sorted(named) == dp["excluded"] and len(marks) == len(named)
+    for worker, at in zip(named, marks):
+        assert worker not in jobs.sent[at:]  # (never a job after it was set aside)
+    assert any("privacy budgets spent" in r.getMessage() for r in caplog.records)
+    assert out["final_time"] < spec["budget"]
 
 
 # ------------------------------------------------------------------------------------------------ wrapping
@@ -214,12 +254,16 @@ def test_the_accountants_state_is_checked_when_restored():
 
 
 @pytest.mark.slow
-def test_a_private_run_killed_and_resumed_reports_the_same_epsilon_and_model(tmp_path):
+@pytest.mark.parametrize("population", [[], ["--taus", "1,1,2,2,3,3", "--concurrency", "3", "--dp-target-epsilon", "10"]],
+                         ids=["C=N", "C<N"])  # (C < N: budgets end it at t ≈ 111)
+def test_a_private_run_killed_and_resumed_reports_the_same_epsilon_and_model(tmp_path, population):
+    """C = N and C = 3 of N = 6 (the selection leaving out the clients over budget): killed mid-run
+    and resumed, the run reports the ε, exclusions and model of the uninterrupted one."""
     from test_checkpoint import cli, final_model, killed_then_resumed
 
     args = ["--task", "quadratic", "--strategy", "fedbuff", "--taus", "1,2,3", "--quad-dim", "50", "--delays",
             "exponential", "--budget", "200", "--eval-every", "20", "--seed", "3", "--dp-noise-multiplier", "3",
-            "--dp-clipping-norm", "0.5", "--dp-target-epsilon", "20"]  # (budgets end it at t ≈ 117)
+            "--dp-clipping-norm", "0.5", "--dp-target-epsilon", "20", *population]  # (budgets end it at t ≈ 117)
     ref = cli(*args, "--out", str(tmp_path / "ref"))
     assert ref.returncode == 0, ref.stderr
     res = killed_then_resumed(args, tmp_path / "killed", 10, 61.0, 200)
