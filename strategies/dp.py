@@ -9,6 +9,7 @@ says what is protected and what is not.
 from __future__ import annotations
 
 import logging
+import sys
 from dataclasses import make_dataclass
 from typing import Any
 
@@ -19,6 +20,7 @@ from fl_rescaled.bounds import BoundOptions
 from fl_rescaled.privacy import PrivacyOptions, PrivacyState, check_available, epsilon
 
 from .base import AsyncStrategy
+from .checks import refuse_round_wrapper
 from .facade import FlowerFacade
 
 log = logging.getLogger("flwr.fl_rescaled")
@@ -209,6 +211,7 @@ class AsyncDPFixedClipping(FlowerFacade):
                 "dp_target_epsilon": self.privacy.target_epsilon, "dp_seed": self.privacy.seed}
 
     def summary(self) -> None:
+        refuse_round_wrapper(self, sys._getframe(1).f_locals.get("self"))  # noqa: SLF001 - (see FlowerFacade.summary)
         log.info("\t├──> DP: noise multiplier %g, clipping norm %g, δ %s, target ε %s (per client, RDP accountant)",
                  self.privacy.noise_multiplier, self.privacy.clipping_norm,
                  "1/N^1.1 (≤ 1e-5)" if self.privacy.delta is None else f"{self.privacy.delta:g}",

@@ -217,12 +217,30 @@ def test_with_c_below_n_the_selection_leaves_out_a_client_over_budget(strategy, 
 
 
 # ------------------------------------------------------------------------------------------------ wrapping
-def test_flowers_dp_wrapper_around_ours_fails_naming_ours():
-    from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping
+@pytest.mark.parametrize("wrapper", ["DifferentialPrivacyServerSideFixedClipping",
+                                     "DifferentialPrivacyServerSideAdaptiveClipping"])
+@pytest.mark.parametrize("private", [False, True])
+def test_flowers_dp_wrapper_around_ours_is_refused_at_start_naming_ours(wrapper, private):
+    """Flower's constructor only stores our strategy; its start() calls our summary() before any
+    round: the refusal comes there (a TypeError, before any message or evaluation), naming ours."""
+    import flwr.serverapp.strategy as flower
+    from test_dropin import fedavg_client, grid_of, initial
 
-    wrapped = DifferentialPrivacyServerSideFixedClipping(STRATEGIES["fedbuff"](), 1.0, 1.0, 2)
-    with pytest.raises(NotImplementedError, match="AsyncDPFixedClipping"):
+    inner = STRATEGIES["fedbuff"]()
+    if private:
+        inner = AsyncDPFixedClipping(inner, noise_multiplier=1.0, clipping_norm=1.0)
+    options = {"clipping_norm": 1.0} if "Fixed" in wrapper else {}
+    wrapped = getattr(flower, wrapper)(inner, noise_multiplier=0.1, num_sampled_clients=2, **options)
+    # (constructed: Flower's __init__ only stores it)
+    evaluated = []
+    ours = "AsyncDPAdaptiveClipping" if "Adaptive" in wrapper else "AsyncDPFixedClipping"
+    with pytest.raises(TypeError, match=f"{wrapper} is round-based.*fl_rescaled.{ours}\\(strategy"):
+        wrapped.start(grid=grid_of(fedavg_client(), taus=(1.0, 2.0)), initial_arrays=initial(), num_rounds=2,
+                      evaluate_fn=lambda rnd, arrays: evaluated.append(rnd))
+    assert not evaluated  # (refused before Flower's initial evaluation)
+    with pytest.raises(NotImplementedError, match="AsyncDPFixedClipping"):  # (a round hook called by hand)
         wrapped.configure_train(1, None, None, None)
+    inner.summary()  # (called by anyone else, it logs as before)
 
 
 @pytest.mark.parametrize("name", ["malenia", "ringleader", "minibatch", "fedavg"])
