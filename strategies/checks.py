@@ -92,13 +92,15 @@ def wrapper_fix(wrapper: str) -> str:
 
 def refuse_round_wrapper(strategy: Any, caller: Any) -> None:
     """Raise ``TypeError`` when ``caller`` (the ``self`` of the method that called ``strategy.summary``)
-    is a round-based wrapper holding ``strategy`` (Flower's ``DifferentialPrivacy*`` wrappers, whose
+    is a round-based Flower ``Strategy`` holding ``strategy`` as its ``strategy`` (Flower's ``DifferentialPrivacy*`` wrappers, whose
     ``start`` logs the inner strategy's summary before its first round): the run stops there, before
     any message is sent, naming our wrappers. Flower's constructors only store the strategy, so this
     is the first call that reaches ours."""
+    from flwr.serverapp.strategy import Strategy  # noqa: PLC0415
+
     from .facade import FlowerFacade  # noqa: PLC0415 - (facade imports this module)
 
-    if caller is None or caller is strategy or isinstance(caller, FlowerFacade):
+    if not isinstance(caller, Strategy) or caller is strategy or isinstance(caller, FlowerFacade):
         return
     if getattr(caller, "__dict__", {}).get("strategy") is strategy:
         name = type(caller).__name__
