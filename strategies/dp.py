@@ -137,6 +137,10 @@ class AsyncDPFixedClipping(FlowerFacade):
 
     # ---------------------------------------------------------------- the algorithm, delegated
     def init_state(self, run: Run) -> Any:
+        if getattr(getattr(run, "state", None), "replica_lrs", None) is not None:
+            raise ValueError("differential privacy cannot run batched replicas (experiment.run_batch, start(replicas="
+                             "...)): their updates travel as one vector that no bound clips replica by replica, and "
+                             "one noise draw would cover them all; run each replica on its own (experiment.run)")
         return self.State(*self.fresh_parts(run))
 
     def fresh_parts(self, run: Run) -> tuple[Any, ...]:

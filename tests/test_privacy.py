@@ -258,6 +258,19 @@ def test_bad_options_are_refused_in_one_line():
         quad_run(dp_noise_multiplier=1.0)
 
 
+def test_batched_replicas_are_refused_before_any_job():
+    """Batched replicas travel as one vector (no per-replica clip, one noise draw): refused."""
+    from test_dropin import fedavg_client, grid_of, initial
+
+    jobs = Jobs()
+    s = AsyncDPFixedClipping(STRATEGIES["fedbuff"](lr=1.0, fraction_evaluate=0.0), noise_multiplier=1.0,
+                             clipping_norm=0.5)
+    with pytest.raises(ValueError, match="cannot run batched replicas.*experiment.run"):
+        s.start(grid=grid_of(fedavg_client(), taus=(1.0, 2.0)), initial_arrays=initial(), time_budget=5,
+                replicas=[1.0, 1.0, 1.0], observers=[jobs])  # (3 replicas of the 9 floats)
+    assert not jobs.sent
+
+
 # ------------------------------------------------------------------------------------------------ adaptive clipping
 def adaptive(strategy: str = "vanilla", **kw) -> AsyncDPAdaptiveClipping:
     inner = STRATEGIES[strategy](**({"lr": 1.0} if strategy == "vanilla" else {"buffer_size": 4,
