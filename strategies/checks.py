@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from flwr.serverapp.strategy import Strategy
+
 from fl_rescaled.manager import SELECTORS
 
 REPLIES = ("gradient", "model")
@@ -96,12 +98,8 @@ def refuse_round_wrapper(strategy: Any, caller: Any) -> None:
     ``start`` logs the inner strategy's summary before its first round): the run stops there, before
     any message is sent, naming our wrappers. Flower's constructors only store the strategy, so this
     is the first call that reaches ours."""
-    from flwr.serverapp.strategy import Strategy  # noqa: PLC0415
-
-    from .facade import FlowerFacade  # noqa: PLC0415 - (facade imports this module)
-
-    if not isinstance(caller, Strategy) or caller is strategy or isinstance(caller, FlowerFacade):
-        return
+    if not isinstance(caller, Strategy) or caller is strategy or type(caller).configure_train is no_rounds:
+        return  # (not Flower's, or one of ours: its round hooks are ``no_rounds``)
     if getattr(caller, "__dict__", {}).get("strategy") is strategy:
         name = type(caller).__name__
         raise TypeError(f"{name} is round-based and cannot drive {type(strategy).__name__}, which is asynchronous "
