@@ -181,9 +181,10 @@ class Jobs(ManagerObserver):
         self.sent.append(job.worker)
 
 
-@pytest.mark.parametrize("strategy,clock", [("rescaled", "virtual"), ("fedbuff", "virtual"), ("fedasync", "wall")])
-def test_with_c_below_n_the_selection_leaves_out_a_client_over_budget(strategy, clock, caplog):
-    """C = 3 of N = 8 clients, uniform selection: a client set aside gets no job after the log line
+@pytest.mark.parametrize("strategy,clock,selection", [("rescaled", "virtual", "uniform"), ("fedbuff", "virtual", "uniform"),
+                                                      ("vanilla", "virtual", "round-robin"), ("fedasync", "wall", "uniform")])
+def test_with_c_below_n_the_selection_leaves_out_a_client_over_budget(strategy, clock, selection, caplog):
+    """C = 3 of N = 8 clients, uniform or round-robin selection: a client set aside gets no job after the log line
     that names it, every ε stays within the budget, and the run stops when fewer than two remain."""
     caplog.set_level(logging.INFO, logger="flwr.fl_rescaled")
     jobs, target = Jobs(), 10.0
@@ -202,7 +203,8 @@ def test_with_c_below_n_the_selection_leaves_out_a_client_over_budget(strategy, 
     logging.getLogger("flwr.fl_rescaled").addHandler(handler)
     try:
         out = experiment.run(RunSpec(strategy=strategy, **spec, dp_noise_multiplier=1.0, dp_clipping_norm=1.0,
-                                     dp_target_epsilon=target, options={"concurrency": 3}), observers=[jobs])
+                                     dp_target_epsilon=target, options={"concurrency": 3, "selection": selection}),
+                                     observers=[jobs])
     finally:
         logging.getLogger("flwr.fl_rescaled").removeHandler(handler)
     dp = out["dp"]
