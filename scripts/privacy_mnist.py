@@ -51,14 +51,14 @@ BY_TAU = ("Rescaled ASGD, by τ", ["--strategy", "rescaled", "--rescaled-by", "t
 
 
 def noise_for(eps: float, releases: int = RELEASES, delta: float = DELTA) -> float:
-    """The z at which ``releases`` releases of one update cost ``eps`` at ``delta`` (bisection, 1e-4)."""
+    """The smallest z (to 1e-4) at which ``releases`` releases of one update cost at most ``eps`` at ``delta``."""
     if math.isinf(eps):
         return 0.0
     lo, hi = 0.05, 500.0
     while hi - lo > 1e-4:
         mid = (lo + hi) / 2
         lo, hi = (lo, mid) if epsilon({1: releases}, mid, delta) <= eps else (mid, hi)
-    return round(hi, 4)
+    return math.ceil(hi * 1e4) / 1e4  # (rounded up: ``releases`` releases stay within ``eps``)
 
 
 def argv_of(method: list[str], eps: float) -> list[str]:
@@ -119,12 +119,17 @@ def plot(results: list[dict[str, Any]]) -> list[Path]:
     for name in METHODS:
         rows = [best(results, name, e) for e in (1.0, 4.0, 8.0, None)]
         rows = [r for r in rows if r is not None]
-        finite = [(r["epsilon"], 0.1 if r["diverged"] else r["accuracy"]) for r in rows if r["epsilon"] is not None]
+        finite = [(r["epsilon"], r["accuracy"]) for r in rows if r["epsilon"] is not None and not r["diverged"]]
         free = [r for r in rows if r["epsilon"] is None and not r["diverged"]]
         line, = ax.plot([e for e, _ in finite], [a for _, a in finite], "o-", label=name)
+        for r in rows:
+            if r["diverged"] and r["epsilon"] is not None:  # (at chance level, marked)
+                ax.plot([r["epsilon"]], [0.1], "x", color=line.get_color(), ms=8)
+                ax.annotate("diverged", (r["epsilon"], 0.1), textcoords="offset points", xytext=(6, -3), fontsize=7)
         if free:
             ax.axhline(free[0]["accuracy"], ls=":", color=line.get_color(), lw=1)
     ax.set_xscale("log")
+    ax.minorticks_off()
     ax.set_xticks([1, 4, 8], ["1", "4", "8"])
     ax.set_xlabel("ε per client (δ = 1e-5); dotted: ε = ∞ (clip only)")
     ax.set_ylabel("test accuracy (best α of each cell)")
