@@ -48,7 +48,7 @@ class PrivateRun:
         return self._run.strategy_state.privacy
 
     @property
-    def privacy_state(self) -> Any:
+    def outer_state(self) -> Any:
         return self._run.strategy_state
 
     def apply(self, worker: int, update: np.ndarray, stepsize: float, booked: float | None = None) -> None:
@@ -56,12 +56,12 @@ class PrivateRun:
         self._run.apply(worker, self._dp.release(self._run.strategy_state, update), stepsize, booked)
 
     def send(self, worker: int) -> None:
-        if self._dp.admits(self.privacy_state, worker):
+        if self._dp.admits(self.outer_state, worker):
             self.privacy.inflight[worker] += 1
             self._run.send(worker)
 
     def send_next(self, after: int | None) -> None:
-        if after is not None and self._run.concurrency >= self._run.n and not self._dp.admits(self.privacy_state, after):
+        if after is not None and self._run.concurrency >= self._run.n and not self._dp.admits(self.outer_state, after):
             return  # (with C = N the slot is the worker's: it stays idle)
         worker = self._run.send_next(after)
         if worker is not None:
