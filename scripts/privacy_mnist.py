@@ -131,14 +131,8 @@ def plot(results: list[dict[str, Any]]) -> list[Path]:
     ax.set_xscale("log")
     ax.minorticks_off()
     ax.set_xticks([1, 4, 8], ["1", "4", "8"])
-    ax.set_xlabel("ε per client (δ = 1e-5); dotted: ε = ∞ (clip only)")
-    ax.set_ylabel("test accuracy (best α of each cell)")
-    ax.set_title("MNIST, 1,000 clients, C = 100, 300 time units, seed 1", fontsize=8)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    first = OUT / "mnist_accuracy_vs_epsilon.png"
-    fig.savefig(first, dpi=90)
-    plt.close(fig)
+    first = _save(plt, fig, ax, "mnist_accuracy_vs_epsilon.png", "ε per client (δ = 1e-5); dotted: ε = ∞ (clip only)",
+                  "test accuracy (best α of each cell)", "MNIST, 1,000 clients, C = 100, 300 time units, seed 1")
 
     fig, ax = plt.subplots(figsize=(5.6, 3.6))
     styles = {"1": "-", "16": "--"}
@@ -150,15 +144,20 @@ def plot(results: list[dict[str, Any]]) -> list[Path]:
             line, = ax.plot(r["times"], values, styles[tau], color=color, lw=width, label=f"{r['method']}, τ = {tau}")
             color = line.get_color()
     ax.axhline(8.0, color="k", lw=0.8, ls=":")
-    ax.set_xlabel("time")
-    ax.set_ylabel("mean ε of the clients with that τ")
-    ax.set_title("budget ε = 8 (dotted), MNIST, 1,000 clients, C = 100, seed 1", fontsize=8)
+    second = _save(plt, fig, ax, "mnist_epsilon_over_time.png", "time", "mean ε of the clients with that τ",
+                   "budget ε = 8 (dotted), MNIST, 1,000 clients, C = 100, seed 1")
+    return [first, second]
+
+
+def _save(plt: Any, fig: Any, ax: Any, name: str, xlabel: str, ylabel: str, title: str) -> Path:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=8)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    second = OUT / "mnist_epsilon_over_time.png"
-    fig.savefig(second, dpi=90)
+    fig.savefig(OUT / name, dpi=90)
     plt.close(fig)
-    return [first, second]
+    return OUT / name
 
 
 def main(argv: list[str] | None = None) -> None:
