@@ -283,19 +283,20 @@ def adaptive(strategy: str = "vanilla", **kw) -> AsyncDPAdaptiveClipping:
 @pytest.mark.parametrize("strategy,quantile", [("vanilla", 0.5), ("vanilla", 0.8), ("fedbuff", 0.5)])
 def test_the_adaptive_clipping_norm_moves_to_the_target_quantile_of_the_norms(strategy, quantile):
     """Updates whose norms are log-uniform on [1, 100]: the q-quantile is 100^q. From C_0 = 0.01
-    (far below) the norm climbs to it and stays within a factor 1.6 of it (the bits' noise σ_b = 0.6
-    per release, η = 0.05), whether one update (Vanilla) or a buffer of 4 (FedBuff) is released."""
+    (far below) the norm climbs to it and its geometric mean over the last 3,000 updates is within a
+    factor 1.25 of it (the bits' noise σ_b = 0.6 per release, η = 0.05; seeds 5 to 7 land within 9%),
+    whether one update (Vanilla) or a buffer of 4 (FedBuff) is released."""
     s = adaptive(strategy, initial_clipping_norm=0.01, target_clipped_quantile=quantile, clip_norm_lr=0.05)
-    run = ScriptedRun(n=2, x=np.zeros(10))
+    run = ScriptedRun(n=4, x=np.zeros(10))
     run.start(s)
     rng = np.random.default_rng(1)
     late = []
     for k in range(6000):
         direction = rng.normal(size=10)
-        run.deliver(s, k % 2, direction / np.linalg.norm(direction) * 10 ** rng.uniform(0, 2))
+        run.deliver(s, k % 4, direction / np.linalg.norm(direction) * 10 ** rng.uniform(0, 2))
         late += [run.strategy_state.adaptive.clip] if k >= 3000 else []
     target = 100 ** quantile
-    assert 1 / 1.6 < np.exp(np.mean(np.log(late))) / target < 1.6
+    assert 1 / 1.25 < np.exp(np.mean(np.log(late))) / target < 1.25
     assert max(np.linalg.norm(step.update - 0) for step in run.steps[:5]) < 1  # (clipped to the small C_0 first)
 
 
