@@ -372,13 +372,14 @@ def test_a_private_run_killed_and_resumed_reports_the_same_epsilon_and_model(tmp
     np.testing.assert_array_equal(final_model(tmp_path / "killed"), final_model(tmp_path / "ref"))
 
 
-def test_the_wrapper_is_a_one_line_switch_in_a_flower_app_and_its_result_holds_the_epsilons():
-    """``AsyncDPFixedClipping(FedBuff(), ...).start(...)`` with an unchanged FedAvg ClientApp: the
-    Result carries the ``"dp"`` object and each evaluation point's ε max and mean."""
+@pytest.mark.parametrize("wrapper,clip", [(AsyncDPFixedClipping, {"clipping_norm": 0.5}),
+                                          (AsyncDPAdaptiveClipping, {"initial_clipping_norm": 0.5})])
+def test_the_wrapper_is_a_one_line_switch_in_a_flower_app_and_its_result_holds_the_epsilons(wrapper, clip):
+    """``AsyncDPFixedClipping(FedBuff(), ...).start(...)`` (or the adaptive one) with an unchanged
+    FedAvg ClientApp: the Result carries the ``"dp"`` object and each evaluation point's ε max and mean."""
     from test_dropin import fedavg_client, grid_of, initial
 
-    s = AsyncDPFixedClipping(STRATEGIES["fedbuff"](buffer_size=2, fraction_evaluate=0.0), noise_multiplier=1.0,
-                             clipping_norm=0.5, seed=0)
+    s = wrapper(STRATEGIES["fedbuff"](buffer_size=2, fraction_evaluate=0.0), noise_multiplier=1.0, seed=0, **clip)
     result = s.start(grid=grid_of(fedavg_client(), taus=(1.0, 2.0, 3.0)), initial_arrays=initial(),
                      train_config={"lr": 0.05}, time_budget=20)
     dp = result.privacy
