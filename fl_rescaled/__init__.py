@@ -44,6 +44,7 @@ from .stepsizes import TauTable, delay_adaptive_stepsize, rescaled_stepsize, van
 from .strategies import (  # noqa: E402
     ASGD,
     STRATEGIES,
+    AsyncDPAdaptiveClipping,
     AsyncDPFixedClipping,
     AsyncResult,
     AsyncStrategy,
@@ -70,6 +71,8 @@ __all__ = [
     "OFFLINE_ENV",
     "STRATEGIES",
     "AsyncClientManager",
+    "AsyncDPAdaptiveClipping",
+    "AsyncDPFixedClipping",
     "AsyncResult",
     "AsyncStrategy",
     "Completion",

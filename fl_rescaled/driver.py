@@ -149,6 +149,7 @@ class Driver(RunAPI):
                             "fl_rescaled.add_partition_query numbers them by partition-id", manager.num_workers)
             state.answered = np.zeros(manager.num_workers, bool)
             state.algorithm = strategy.init_state(self)
+            self._admission()
             manager.source.start()  # (the wall clock's budget counts from the first reply: a node is ready)
             self._plan_checkpoints()
             wall0 = time.perf_counter()
@@ -364,6 +365,12 @@ class Driver(RunAPI):
         self._plan_checkpoints()
         log.info("checkpoint at t=%g (%d updates): %s", self.manager.clock.now, self.manager.version, self.plan.path)
 
+    def _admission(self) -> None:
+        """A strategy that limits who may be selected (a private run's budgets) decides for the selection."""
+        admits = self.strategy.admits
+        if admits is not None:
+            self.manager.population.admit_only(lambda w: admits(self.state.algorithm, w))
+
     def _resume(self) -> None:
         """Go on from the plan's checkpoint. Every part checks what it restores against its own
         invariants (the run's schedule and history here, the manager's parts in
@@ -388,6 +395,7 @@ class Driver(RunAPI):
         lost = len(saved.jobs) - len(manager.transport.inflight)
         loaded.manager = None
         self.state = loaded
+        self._admission()
         self._plan_checkpoints()
         for worker in needs_jobs:
             strategy.on_joined(self, worker)

@@ -40,7 +40,7 @@ from .reporting import all_rejected
 from .runspec import RunSpec, bounded, default_taus, reachable
 from .runstate import Checkpointing
 from .stepsizes import vanilla_stepsize
-from .strategies import AsyncDPFixedClipping, AsyncStrategy, options
+from .strategies import AsyncDPAdaptiveClipping, AsyncDPFixedClipping, AsyncStrategy, options
 from .tasks import get_task, task_spec
 from .timeline import Timeline, write_run_figures
 
@@ -59,11 +59,16 @@ def make_strategy(spec: RunSpec) -> AsyncStrategy:
     strategy = options.build(spec.strategy, values)
     dp = (spec.dp_noise_multiplier, spec.dp_clipping_norm)
     if dp == (None, None):
-        if spec.dp_delta is not None or spec.dp_target_epsilon is not None:
-            raise ValueError("--dp-delta and --dp-target-epsilon need --dp-noise-multiplier and --dp-clipping-norm")
+        if spec.dp_delta is not None or spec.dp_target_epsilon is not None or spec.dp_target_quantile is not None:
+            raise ValueError("--dp-delta, --dp-target-epsilon and --dp-target-quantile need --dp-noise-multiplier "
+                             "and --dp-clipping-norm")
         return strategy
     if None in dp:
         raise ValueError("differential privacy needs both --dp-noise-multiplier and --dp-clipping-norm")
+    if spec.dp_target_quantile is not None:
+        return AsyncDPAdaptiveClipping(strategy, noise_multiplier=dp[0], initial_clipping_norm=dp[1],
+                                       target_clipped_quantile=spec.dp_target_quantile, delta=spec.dp_delta,
+                                       target_epsilon=spec.dp_target_epsilon, seed=spec.seed)
     return AsyncDPFixedClipping(strategy, noise_multiplier=dp[0], clipping_norm=dp[1], delta=spec.dp_delta,
                                 target_epsilon=spec.dp_target_epsilon, seed=spec.seed)
 

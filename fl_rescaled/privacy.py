@@ -186,6 +186,50 @@ class PrivacyState:
                 "releases": self.releases, "excluded": np.flatnonzero(self.excluded).tolist()}
 
 
+# ------------------------------------------------------------------------------------------------ adaptive clipping
+#: The default noise on the released count of "norm ≤ C" bits: σ_b = ``BIT_STDDEV_FACTOR`` × z, so
+#: the update's own noise multiplier is z_Δ = z / √(1 − 1/(2 · 1.2)²) ≈ 1.10 z (10% more noise on the
+#: update buys the clipping norm's estimate).
+BIT_STDDEV_FACTOR = 1.2
+
+
+def update_noise_multiplier(z: float, bit_stddev: float) -> float:
+    """z_Δ, the noise multiplier the update gets when its release also carries the noisy clipped
+    count, so that the two together cost what one Gaussian of noise multiplier z does:
+    z_Δ = (z⁻² − (2 σ_b)⁻²)^(−1/2) (Andrew et al. 2021, Theorem 1). The count sums the centred bits
+    b − ½ (sensitivity ½, noise σ_b: noise multiplier 2σ_b), the update sensitivity C (noise z_Δ C);
+    the RDP of the pair at order α is α/(2 z_Δ²) + α/(2 (2σ_b)²) = α/(2 z²). Needs 2σ_b > z; z = 0
+    (no noise) gives 0."""
+    if z == 0:
+        return 0.0
+    if not 2 * bit_stddev > z:
+        raise ValueError(f"the clipped count's noise σ_b = {bit_stddev:g} is too small for noise_multiplier "
+                         f"{z:g}: it needs 2 σ_b > z (raise clipped_count_stddev)")
+    return (z ** -2 - (2 * bit_stddev) ** -2) ** -0.5
+
+
+def clip_norm_next(clip: float, noisy_fraction: float, quantile: float, lr: float) -> float:
+    """The next clipping norm after a release: C · exp(−η (b̃ − q)), b̃ the release's noisy fraction
+    of updates with norm ≤ C (Andrew et al.'s geometric update)."""
+    return clip * math.exp(-lr * (noisy_fraction - quantile))
+
+
+@dataclass
+class AdaptiveClipping:
+    """The adaptive clipping norm's state, part of every checkpoint: the current norm C (every update
+    that arrives is clipped to it; it changes only at a release) and the bits "‖g‖ ≤ C" of the
+    updates pending, in the order of ``PrivacyState.pending``."""
+
+    clip: float = 1.0
+    bits: list[int] = field(default_factory=list)
+
+    def check(self) -> None:
+        if not 0 < self.clip < math.inf:
+            raise ValueError(f"privacy: the adaptive clipping norm must be positive and finite, got {self.clip!r}")
+        if any(b not in (0, 1) for b in self.bits):
+            raise ValueError("privacy: each pending update's clipped bit is 0 or 1")
+
+
 def plot_epsilons(path: Any, history: list[dict[str, Any]], *, target: float | None = None, unit: str = "time",
                   title: str = "") -> Any:
     """A figure of each client's ε over the run (``dp_epsilon_per_worker`` of each evaluation point),

@@ -87,6 +87,10 @@ class Algorithm(Protocol):
     def stopped(self, state: Any) -> str | None:
         """Why the run must stop now (a private run's clients are out of budget), or None."""
 
+    #: None, or ``admits(state, worker)``: whether ``worker`` may be selected for a job (a private
+    #: run's budgets; ``Population.admit_only`` with C < N).
+    admits: Any
+
 
 class RunAPI:
     """The driver's side of ``Run``: what the algorithm's calls do to the model and the manager."""

@@ -139,6 +139,10 @@ class RunSpec:
                                            "min(1e-5, 1/N^1.1) for N clients)", positive=True, high=0.5)
     dp_target_epsilon: float | None = setting(None, "differential privacy: each client's budget ε at δ; a client "
                                                     "whose ε would exceed it gets no more jobs", positive=True, high=1e6)
+    dp_target_quantile: float | None = setting(None, "differential privacy: adaptive clipping (Andrew et al. 2021): the "
+                                                     "clipping norm follows this quantile of the update norms, "
+                                                     "privately estimated, from --dp-clipping-norm (none: fixed)",
+                                               positive=True, high=1)
     out: str | None = setting(None, "a folder for the CSV, PNG and final model of the run (and its checkpoint)")
     checkpoint_every: float | None = setting(None, "write the run's whole state every this many time units, "
                                                    "atomically, to <out>/run.ckpt (or to the --resume folder)",

@@ -11,7 +11,7 @@ from .asgd import ASGD, asgd_variant
 from .base import AsyncStrategy
 from .concurrent import ConcurrentASGD
 from .delay_adaptive import DelayAdaptiveASGD
-from .dp import AsyncDPFixedClipping
+from .dp import AsyncDPAdaptiveClipping, AsyncDPFixedClipping
 from .fedasync import FedAsync
 from .fedbuff import FedBuff
 from .malenia import MaleniaSGD
@@ -38,6 +38,7 @@ STRATEGIES: dict[str, type[AsyncStrategy]] = {
 __all__ = [
     "ASGD",
     "STRATEGIES",
+    "AsyncDPAdaptiveClipping",
     "AsyncDPFixedClipping",
     "AsyncResult",
     "AsyncStrategy",

@@ -265,6 +265,10 @@ class AsyncStrategy(FlowerFacade):
         del state
         return None
 
+    #: ``admits(state, worker)``: whether the selection (C < N) may give ``worker`` a job (a private
+    #: run's budgets). None: every worker may.
+    admits = None
+
     @property
     def lr_per_run(self) -> bool:
         """True when ``lr`` was not given and the method's default α depends on the run."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from flwr.serverapp.strategy import Strategy
+
 from fl_rescaled.manager import SELECTORS
 
 REPLIES = ("gradient", "model")
@@ -81,8 +83,29 @@ def no_round_hooks(cls: type) -> None:
                             f"{instead} (docs/migrating.md)")
 
 
+def wrapper_fix(wrapper: str) -> str:
+    """The one-line way forward for an asynchronous strategy inside Flower's wrapper ``wrapper``."""
+    ours = "AsyncDPAdaptiveClipping" if "Adaptive" in wrapper else "AsyncDPFixedClipping"
+    options = ("noise_multiplier=..., initial_clipping_norm=..., target_clipped_quantile=..."
+               if ours == "AsyncDPAdaptiveClipping" else "noise_multiplier=..., clipping_norm=...")
+    return (f"for differential privacy wrap it in fl_rescaled.{ours}(strategy, {options}) and call its start() "
+            "(AsyncDPFixedClipping and AsyncDPAdaptiveClipping: docs/privacy.md)")
+
+
+def refuse_round_wrapper(strategy: Any, caller: Any) -> None:
+    """Raise ``TypeError`` when ``caller`` (the ``self`` of the method that called ``strategy.summary``)
+    is a round-based Flower ``Strategy`` holding ``strategy`` as its ``strategy`` (Flower's ``DifferentialPrivacy*`` wrappers, whose
+    ``start`` logs the inner strategy's summary before its first round): the run stops there, before
+    any message is sent, naming our wrappers. Flower's constructors only store the strategy, so this
+    is the first call that reaches ours."""
+    if not isinstance(caller, Strategy) or caller is strategy or type(caller).configure_train is no_rounds:
+        return  # (not Flower's, or one of ours: its round hooks are ``no_rounds``)
+    if getattr(caller, "__dict__", {}).get("strategy") is strategy:
+        name = type(caller).__name__
+        raise TypeError(f"{name} is round-based and cannot drive {type(strategy).__name__}, which is asynchronous "
+                        f"(no rounds, no fixed number of replies per aggregate); {wrapper_fix(name)}")
+
+
 def no_rounds(self: Any, *args: Any, **kwargs: Any) -> Any:
     raise NotImplementedError(f"{type(self).__name__} is asynchronous: call start(), not rounds; Flower's round-based "
-                              "DP wrappers (DifferentialPrivacy*) cannot drive it: for differential privacy wrap it in "
-                              "fl_rescaled.strategies.AsyncDPFixedClipping(strategy, noise_multiplier=..., "
-                              "clipping_norm=...) (docs/privacy.md)")
+                              f"DP wrappers (DifferentialPrivacy*) cannot drive it: {wrapper_fix('')}")

@@ -10,6 +10,7 @@ is ``AsyncStrategy``'s (``strategies/base.py``).
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,7 +25,7 @@ from fl_rescaled.manager import ManagerObserver, ManagerSettings
 from fl_rescaled.reporting import AsyncResult, EvaluateFn
 from fl_rescaled.runstate import Checkpointing
 
-from .checks import no_round_hooks, no_rounds
+from .checks import no_round_hooks, no_rounds, refuse_round_wrapper
 
 log = logging.getLogger("flwr.fl_rescaled")
 
@@ -41,6 +42,8 @@ class FlowerFacade(Strategy):
         no_round_hooks(cls)
 
     def summary(self) -> None:
+        # (Flower's DP wrappers call this from their start(), before their first round: refused there)
+        refuse_round_wrapper(self, sys._getframe(1).f_locals.get("self"))  # noqa: SLF001
         log.info("\t├──> %s", ", ".join(f"{k}={v}" for k, v in self.describe().items()))
         log.info("\t└──> Keys in records: weighted by '%s', ArrayRecord '%s', ConfigRecord '%s'",
                  self.weighted_by_key, self.arrayrecord_key, self.configrecord_key)

@@ -310,6 +310,27 @@ class Population:
         changing = clock.delays.describe()["kind"] in ("drift", "switch")
         return TauTable(self.n, prior.tolist(), weights, estimated=True), "ema" if changing else "average"
 
+    def admit_only(self, admit: Online) -> None:
+        """With C < N, leave out of every later selection a worker that ``admit`` refuses (a private
+        run: a client whose next update would take its ε past the budget). The selector sees it as
+        offline: it is passed over, and a slot that finds no admitted idle worker waits. ``admit``
+        is asked each time the worker is a candidate; it stays idle in the pool, so checkpoints and
+        their checks are unchanged. With C = N (every worker always busy) the strategy keeps the
+        freed slot empty itself."""
+        sel = self.selector
+        if not isinstance(sel, IdleSelector):
+            return
+        online, online_mask = sel.online, sel.online_mask
+        sel.online = lambda w: online(w) and admit(w)
+
+        def mask(workers: np.ndarray) -> np.ndarray:
+            up = online_mask(workers)
+            for i in np.flatnonzero(up):
+                up[i] = admit(int(workers[i]))
+            return up
+
+        sel.online_mask = mask
+
     def take_parked(self) -> int:
         parked, self.parked = self.parked, 0
         return parked
