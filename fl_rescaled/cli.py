@@ -28,7 +28,7 @@ from .data.partition import PartitionError
 from .errors import RunFailed, one_line
 from .reporting import rejected_lines
 from .manager import ManagerSettings
-from .runspec import APPLIES_TO, RunSpec, ignored, manager_settings, run_settings
+from .runspec import RunSpec, ignored_lines, manager_settings, run_settings
 from .settings import Setting
 from .strategies import STRATEGIES, options
 
@@ -166,10 +166,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[RunSpec]]:
         parser.error(str(exc))
     given = {key.rsplit(":", 1)[1] for key, v in vars(args).items()  # (run, manager and common strategy options)
              if v is not None and key.startswith(("run:", "manager:", "opt::"))}
-    unused = set.intersection(*(ignored(spec, experiment.make_strategy(spec), given) for spec in specs))
-    for name in sorted(unused):  # a flag that changes nothing: one line each
-        sys.stderr.write(f"run_sim.py: warning: --{name.replace('_', '-')} is ignored: it applies to "
-                         f"{APPLIES_TO[name][0]} only\n")
+    for line in ignored_lines([(spec, experiment.make_strategy(spec)) for spec in specs], given,
+                              lambda name: f"--{name.replace('_', '-')}"):  # a flag that changes nothing
+        sys.stderr.write(f"run_sim.py: warning: {line}\n")
     return args, specs
 
 

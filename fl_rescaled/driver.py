@@ -116,8 +116,11 @@ class Driver(RunAPI):
         says what runs, as Flower's strategies' do, and how it ended). The driver keeps the run
         (its manager, books and state) readable after it."""
         strategy, manager, state = self.strategy, self.manager, self.state
+        if self.plan is None or not self.plan.resume:
+            manager.source.start()  # (the wall clock counts from here: the log's times, the budget)
         log_start(type(strategy).__name__, self.layout, self.budget if self.by_time else None, self.max_updates)
         strategy.summary()
+        log.info("")
         wall0 = time.perf_counter()
         if self.plan is not None and self.plan.resume:
             self._resume()
@@ -127,14 +130,12 @@ class Driver(RunAPI):
                             weights=strategy.target_weights(), min_nodes=strategy.population.min_available_nodes)
             manager.populate(strategy.population.slots(manager.num_workers), self.seed, strategy.target_weights(),
                              strategy.population.selection)
-            if not partition_query and manager.num_workers > 1:
-                log.warning("workers are numbered by node id (%d nodes); a ClientApp with "
-                            "fl_rescaled.add_partition_query numbers them by partition-id", manager.num_workers)
+            if not partition_query and manager.num_workers > 1:  # (what to do only if partitions matter: DEBUG)
+                log.debug("workers are numbered by node id (%d nodes); a ClientApp with "
+                          "fl_rescaled.add_partition_query numbers them by partition-id", manager.num_workers)
             state.answered = np.zeros(manager.num_workers, bool)
             state.algorithm = strategy.init_state(self)
-            manager.source.start()  # (the wall clock's budget counts from the first reply: a node is ready)
             self._plan_checkpoints()
-            wall0 = time.perf_counter()
             strategy.on_start(self)
         self.check = FailureCheck(strategy.run_options.max_consecutive_rejections or max(20, 2 * manager.num_workers))
         state = self.state  # (resumed: the state read from the checkpoint)
