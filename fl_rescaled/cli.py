@@ -124,11 +124,12 @@ def specs_from_args(args: argparse.Namespace) -> list[RunSpec]:
 
 
 def print_table(outcomes: list[dict[str, Any]]) -> None:
-    """One row per run: loss, accuracy, updates, discarded jobs, idle share, server memory, wall time."""
+    """One row per run: loss, accuracy, updates, discarded jobs, idle share, the model-sized vectors
+    the server held (the model included: ``stored_vectors_max`` + 1), wall time."""
     quad = outcomes[0]["task"] == "quadratic"
     metric = "|x - x*|" if quad else "accuracy"
     head = (f"{'strategy':<16}{'α':>7}{'final loss':>12}{metric:>10}{'worst client':>14}{'updates':>9}"
-            f"{'rejected':>9}{'discarded':>10}{'idle':>7}{'memory':>8}{'wall s':>8}")
+            f"{'rejected':>9}{'discarded':>10}{'idle':>7}{'vectors':>9}{'wall s':>8}")
     print(head)
     print("-" * len(head))
     for o in outcomes:
@@ -137,9 +138,13 @@ def print_table(outcomes: list[dict[str, Any]]) -> None:
         idle = o["idle_share_mean"]
         print(f"{o['strategy']:<16}{o['lr']:>7g}{o['final_loss']:>12.4g}{(extra if extra is not None else float('nan')):>10.4g}"
               f"{worst:>14.4g}{o['num_updates']:>9}{o['books']['rejected']:>9}{o['books']['discarded']:>10}{idle:>7.1%}"
-              f"{o['stored_vectors_max']:>8}{o['wall_seconds']:>8.1f}")
-    print("idle: mean share of time a worker sat idle; memory: most model-sized vectors the server held;"
-          " rejected: replies that failed validation; discarded: finished or cancelled jobs whose work was thrown away")
+              f"{o['stored_vectors_max'] + 1:>9}{o['wall_seconds']:>8.1f}")
+    print("final loss: the training objective (the clients' weighted mean loss) at the end; "
+          + ("|x - x*|: the distance to the equal-weight minimiser" if quad else "accuracy: on the test set")
+          + "; worst client: the largest client's final loss; updates: server updates applied; rejected: replies "
+          "that failed validation; discarded: finished or cancelled jobs whose work was thrown away; idle: mean share "
+          "of time a worker sat idle; vectors: most model-sized vectors the server held at once, the model included "
+          "(1: the model only); wall s: this run's seconds on this machine")
     if quad:
         for o in outcomes:
             print(f"  {o['strategy']:<14} final x = {[round(v, 6) for v in o['final_params']]}")
