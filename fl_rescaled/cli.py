@@ -243,9 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"run_sim.py: error: {one_line(exc)}\n")
         return 2
     warnings.showwarning = _warning_line
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR,
-                        format="%(levelname)s %(name)s: %(message)s")
-    for name in ("flwr", "flwr.fl_rescaled"):
+    for name in ("flwr", "flwr.fl_rescaled"):  # (our loggers are Flower's children: its handler, its format)
         logging.getLogger(name).setLevel(logging.INFO if args.verbose else logging.ERROR)
     for spec in specs:
         if not args.json:

@@ -67,6 +67,17 @@ def test_seeds_run_each_seed_as_seed_does_and_end_with_their_median_and_range():
     assert bad.returncode == 2 and "give --seed or --seeds, not both" in bad.stderr
 
 
+def test_verbose_log_is_flowers_each_line_once():
+    """``-v``: the strategies' INFO lines go through Flower's own logger and handler, once each (no
+    second copy in another format), drawn as FedAvg's summary and results."""
+    r = cli("--task", "quadratic", "--strategy", "rescaled", *TOY1_FLAGS, "--lr", "0.01", "--budget", "40", "-v")
+    assert r.returncode == 0, r.stderr
+    lines = (r.stdout + r.stderr).splitlines()
+    for text in ("Starting RescaledASGD strategy:", "├──> Options:", "└──> Keys in records:", "Final results:"):
+        assert sum(text in line for line in lines) == 1, text
+    assert not [line for line in lines if "flwr.fl_rescaled:" in line or "WARNING" in line]
+
+
 def test_outputs_written(tmp_path):
     r = cli("--task", "quadratic", "--strategy", "vanilla", *TOY1_FLAGS, "--lr", "0.01", "--budget", "200",
             "--out", str(tmp_path))
