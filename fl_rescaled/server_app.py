@@ -5,7 +5,9 @@ Used by ``flwr run .`` (Simulation Engine or a deployment); ``run_sim.py`` runs 
 fields (``eval-every``, ``taus = "1,2"``; an empty string keeps the field's default) plus
 ``strategy-options``, the strategy's constructor options as ``"key=value ..."`` (the command line's
 flags without ``--``: ``"fedbuff-buffer-size=5 jobs-per-node=2"``). ``pyproject.toml`` must list
-exactly these keys, which Flower requires (``tests/test_server_app.py`` checks it).
+exactly these keys, which Flower requires (``tests/test_server_app.py`` checks it). A key set to a
+value its run does not read (``time-unit`` on the virtual clock) gets one warning in the log, by
+the command line's rule for its flags (``runspec.ignored_lines``).
 """
 
 from __future__ import annotations

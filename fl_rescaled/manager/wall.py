@@ -10,8 +10,9 @@ trusted beyond what the server saw: it is clamped to the time from the job's dis
 
 The source owns what the wall clock decides: who is online (the nodes the Grid lists), the τ
 estimates, what a failed job cost (nothing measurable), how long a failing client is set aside
-(``reputation.backoff_seconds``), when the budget starts (at ``start()``, as every clock's), and its part of a
-checkpoint (``WallState``: the time and the estimates), checked when a run resumes (``restore``).
+(``reputation.backoff_seconds``), when the clock starts (at ``start()``: the nodes' start-up is in
+the budget), and its part of a checkpoint (``WallState``: the time and the estimates), checked when
+a run resumes (``restore``).
 
 Nothing is waited for in silence: every ``grid_api.WAIT_NOTICE_EVERY`` seconds (a minute) in which
 no job finished, a warning says how many jobs are in flight, the oldest one's age and node, and when
