@@ -97,8 +97,8 @@ class VirtualClock:
 
 
 class WallClock:
-    """Real elapsed time since construction or ``restart`` (seconds, scaled by ``time_unit``);
-    while ``held`` it reads 0 (a run's budget starts when the first node is ready)."""
+    """Real elapsed time (seconds, scaled by ``time_unit``) since construction or ``restart`` (a run
+    restarts it when its strategy's ``start()`` is called)."""
 
     virtual = False
     availability = None  # (nodes come and go by themselves)
@@ -108,28 +108,20 @@ class WallClock:
         if not time_unit > 0 or not math.isfinite(time_unit):
             raise ValueError("time_unit must be positive")
         self.time_unit = time_unit
-        self._t0: float | None = time.monotonic()
+        self._t0 = time.monotonic()
 
     @property
     def now(self) -> float:
-        return 0.0 if self._t0 is None else (time.monotonic() - self._t0) / self.time_unit
+        return (time.monotonic() - self._t0) / self.time_unit
 
     @property
     def unit_label(self) -> str:
         """" s" (seconds), or " × 0.02 s" in units of ``time_unit`` seconds."""
         return " s" if self.time_unit == 1.0 else f" × {self.time_unit:g} s"
 
-    @property
-    def held(self) -> bool:
-        return self._t0 is None
-
-    def hold(self) -> None:
-        """Read 0 until ``restart``: a run's budget does not count start-up (Ray's, a SuperLink's)."""
-        self._t0 = None
-
     def restart(self, at: float = 0.0) -> None:
-        """Count time from now, starting at ``at`` time units (a run's budget starts when its first
-        node is ready: its first reply; a resumed run goes on from its checkpoint's time)."""
+        """Count time from now, starting at ``at`` time units (a run starts at 0 when its strategy's
+        ``start()`` is called; a resumed run goes on from its checkpoint's time)."""
         self._t0 = time.monotonic() - at * self.time_unit
 
     def advance(self, t: float) -> None:  # wall time advances by itself

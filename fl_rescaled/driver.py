@@ -134,6 +134,9 @@ class Driver(RunAPI):
         log_start(type(strategy).__name__, self.layout, self.budget if self.by_time else None, self.max_updates,
                   self.max_trainings)
         strategy.summary()
+        log.info("")
+        if self.plan is None or not self.plan.resume:
+            manager.source.start()  # (the wall clock counts from here, as FedAvg's execution time does)
         wall0 = time.perf_counter()
         if self.plan is not None and self.plan.resume:
             self._resume()
@@ -144,15 +147,13 @@ class Driver(RunAPI):
             manager.populate(strategy.population.slots(manager.num_workers), self.seed, strategy.target_weights(),
                              strategy.population.selection)
             self._per_round(manager.num_workers)
-            if not partition_query and manager.num_workers > 1:
-                log.warning("workers are numbered by node id (%d nodes); a ClientApp with "
-                            "fl_rescaled.add_partition_query numbers them by partition-id", manager.num_workers)
+            if not partition_query and manager.num_workers > 1:  # (what to do only if partitions matter: DEBUG)
+                log.debug("workers are numbered by node id (%d nodes); a ClientApp with "
+                          "fl_rescaled.add_partition_query numbers them by partition-id", manager.num_workers)
             state.answered = np.zeros(manager.num_workers, bool)
             state.algorithm = strategy.init_state(self)
             self._admission()
-            manager.source.start()  # (the wall clock's budget counts from the first reply: a node is ready)
             self._plan_checkpoints()
-            wall0 = time.perf_counter()
             strategy.on_start(self)
         self.check = FailureCheck(strategy.run_options.max_consecutive_rejections or max(20, 2 * manager.num_workers))
         state = self.state  # (resumed: the state read from the checkpoint)

@@ -45,7 +45,7 @@ from .experiment import RunSpec, resolve, run
 from .inprocess import app_run_config
 from .reporting import captured_results
 
-log = logging.getLogger("fl_rescaled")
+log = logging.getLogger("flwr.fl_rescaled")
 T = TypeVar("T")
 
 _QUIET_LOGGERS = ("flwr", "ray", "filelock")

@@ -74,8 +74,8 @@ def retry_ast_race(fn: Callable, *args: Any, attempts: int = 3) -> Any:
         except SystemError as exc:
             if "AST constructor recursion depth mismatch" not in str(exc) or attempt == attempts - 1:
                 raise
-            log.warning("retrying %s after CPython's thread race in the AST constructor: %s",
-                        getattr(fn, "__name__", "a job"), exc)
+            log.debug("retrying %s after CPython's thread race in the AST constructor: %s",  # (same bits: nothing
+                      getattr(fn, "__name__", "a job"), exc)  # for the user to do)
     raise AssertionError("unreachable")
 
 

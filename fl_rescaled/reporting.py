@@ -355,8 +355,12 @@ def log_end(result: Result, wall_seconds: float) -> None:
     """The end of a run in the log, as FedAvg's: its time and the ``Result``."""
     log.info("")
     log.info("Strategy execution finished in %.2fs", wall_seconds)
+    log.info("")
+    log.info("Final results:")
+    log.info("")
     for line in str(result).splitlines():
-        log.info("\t%s", line)
+        log.info("\t%s", line.strip("\n"))
+    log.info("")
 
 
 def all_rejected(books: Any) -> list[tuple[int, int, dict[str, int]]]:

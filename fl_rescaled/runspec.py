@@ -353,6 +353,14 @@ def ignored(s: RunSpec, strategy: Any, given: set[str]) -> set[str]:
     return {name for name in given if name in APPLIES_TO and not APPLIES_TO[name][1](s, strategy, given)}
 
 
+def ignored_lines(runs: list[tuple[RunSpec, Any]], given: set[str], spell: Callable[[str], str]) -> list[str]:
+    """One warning line per setting among ``given`` that changes nothing in any of ``runs`` ((spec,
+    strategy) pairs), its name written by ``spell`` (the command line's ``--time-unit``, the run
+    config's ``'time-unit'``): the one rule of ``run_sim.py``'s and the ServerApp's warnings."""
+    unused = set.intersection(*(ignored(spec, strategy, given) for spec, strategy in runs))
+    return [f"{spell(name)} is ignored: it applies to {APPLIES_TO[name][0]} only" for name in sorted(unused)]
+
+
 def available_cores() -> int:
     """The cores this process may run on."""
     try:

@@ -42,11 +42,21 @@ class FlowerFacade(Strategy):
         no_round_hooks(cls)
 
     def summary(self) -> None:
+        """The strategy's options in the log, drawn as FedAvg's ``summary`` draws its own."""
         # (Flower's DP wrappers call this from their start(), before their first round: refused there)
         refuse_round_wrapper(self, sys._getframe(1).f_locals.get("self"))  # noqa: SLF001
-        log.info("\t├──> %s", ", ".join(f"{k}={v}" for k, v in self.describe().items()))
-        log.info("\t└──> Keys in records: weighted by '%s', ArrayRecord '%s', ConfigRecord '%s'",
-                 self.weighted_by_key, self.arrayrecord_key, self.configrecord_key)
+        options = list(self.describe().items())
+        log.info("\t├──> Options:")
+        for i, (key, value) in enumerate(options):
+            log.info("\t│\t%s── %s: %s", "└" if i == len(options) - 1 else "├", key, value)
+        log.info("\t├──> Sampling:")
+        log.info("\t│\t├──Fraction: evaluate (%.2f)", self.fraction_evaluate)
+        log.info("\t│\t├──Minimum nodes: evaluate (%d)", self.min_evaluate_nodes)
+        log.info("\t│\t└──Minimum available nodes: %d", self.min_available_nodes)
+        log.info("\t└──> Keys in records:")
+        log.info("\t\t├── Weighted by: '%s'", self.weighted_by_key)
+        log.info("\t\t├── ArrayRecord key: '%s'", self.arrayrecord_key)
+        log.info("\t\t└── ConfigRecord key: '%s'", self.configrecord_key)
 
     # ---------------------------------------------------------------- the loop
     def start(  # pylint: disable=too-many-arguments,too-many-locals
@@ -110,8 +120,8 @@ class FlowerFacade(Strategy):
             and the log count them.
         time_budget : float, optional
             Stop when the clock reaches this time: virtual time units, or on the wall clock
-            seconds / ``time_unit`` counted from the first reply (when a node is ready: Ray's or a
-            SuperLink's start-up is not counted).
+            seconds / ``time_unit`` counted from this call, as FedAvg's execution time is (the nodes'
+            start-up, Ray's or a SuperNode's, is in it: the log's first time stamps show it).
         clock : VirtualClock or WallClock, optional
             Default: on ``InProcessGrid`` a virtual clock with each node's ``tau`` from its node
             config (1 if unset); on Flower's runtimes the wall clock, with τ_i estimated online.

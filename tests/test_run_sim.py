@@ -46,6 +46,38 @@ def test_json_quadratic():
     assert out["final_time"] == 3000
 
 
+def test_seeds_run_each_seed_as_seed_does_and_end_with_their_median_and_range():
+    """``--seeds 0,1,2``: each run is the ``--seed`` run of that seed (same trajectory), and the
+    summary gives each strategy's median and min-max over them (exponential delays: the seeds differ)."""
+    flags = ["--task", "quadratic", *TOY1_FLAGS, "--lr", "0.01", "--budget", "300", "--delays", "exponential"]
+    r = cli(*flags, "--seeds", "0,1,2", "--json")
+    assert r.returncode == 0, r.stderr
+    runs = json.loads(r.stdout.splitlines()[-1])
+    assert [(o["strategy"], o["seed"]) for o in runs] == [(n, s) for s in (0, 1, 2) for n in ("rescaled", "vanilla")]
+    one = json.loads(cli(*flags, "--seed", "1", "--strategy", "vanilla", "--json").stdout.splitlines()[-1])
+    assert one["final_params"] == runs[3]["final_params"] and one["final_loss"] == runs[3]["final_loss"]
+    losses = sorted(o["final_loss"] for o in runs if o["strategy"] == "rescaled")
+    assert len(set(losses)) == 3  # (three different runs)
+    out = r.stdout.splitlines()
+    top = out.index(next(line for line in out if line.startswith("3 seeds (0, 1, 2): median [min - max]")))
+    row = next(line for line in out[top:] if line.startswith("rescaled"))
+    assert row.split()[1:5] == [f"{losses[1]:.4g}", f"[{losses[0]:.4g}", "-", f"{losses[2]:.4g}]"]
+    assert "rescaled (seed 2)" in r.stdout  # (each run's row says its seed)
+    bad = cli(*flags, "--seeds", "1", "--seed", "2")
+    assert bad.returncode == 2 and "give --seed or --seeds, not both" in bad.stderr
+
+
+def test_verbose_log_is_flowers_each_line_once():
+    """``-v``: the strategies' INFO lines go through Flower's own logger and handler, once each (no
+    second copy in another format), drawn as FedAvg's summary and results."""
+    r = cli("--task", "quadratic", "--strategy", "rescaled", *TOY1_FLAGS, "--lr", "0.01", "--budget", "40", "-v")
+    assert r.returncode == 0, r.stderr
+    lines = (r.stdout + r.stderr).splitlines()
+    for text in ("Starting RescaledASGD strategy:", "├──> Options:", "└──> Keys in records:", "Final results:"):
+        assert sum(text in line for line in lines) == 1, text
+    assert not [line for line in lines if "flwr.fl_rescaled:" in line or "WARNING" in line]
+
+
 def test_outputs_written(tmp_path):
     r = cli("--task", "quadratic", "--strategy", "vanilla", *TOY1_FLAGS, "--lr", "0.01", "--budget", "200",
             "--out", str(tmp_path))

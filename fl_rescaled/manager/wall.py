@@ -10,8 +10,9 @@ trusted beyond what the server saw: it is clamped to the time from the job's dis
 
 The source owns what the wall clock decides: who is online (the nodes the Grid lists), the τ
 estimates, what a failed job cost (nothing measurable), how long a failing client is set aside
-(``reputation.backoff_seconds``), when the budget starts (at the first reply), and its part of a
-checkpoint (``WallState``: the time and the estimates), checked when a run resumes (``restore``).
+(``reputation.backoff_seconds``), when the clock starts (at ``start()``: the nodes' start-up is in
+the budget), and its part of a checkpoint (``WallState``: the time and the estimates), checked when
+a run resumes (``restore``).
 
 Nothing is waited for in silence: every ``grid_api.WAIT_NOTICE_EVERY`` seconds (a minute) in which
 no job finished, a warning says how many jobs are in flight, the oldest one's age and node, and when
@@ -119,8 +120,9 @@ class WallSource:
         return backoff_seconds(strikes)
 
     def start(self) -> None:
-        """The budget counts from the first reply (a node is ready), not from the runtime's start-up."""
-        self.clock.hold()
+        """The clock, and so the budget, counts from the strategy's ``start()`` (as FedAvg's "Strategy
+        execution finished in" does): the nodes' start-up (Ray's actors, a SuperNode's process) is in it."""
+        self.clock.restart()
 
     def no_worker(self, population: Population, after: int | None) -> None:
         """(Nodes come back by themselves: the membership says when.)"""
@@ -131,7 +133,7 @@ class WallSource:
         return 0
 
     def dispatched(self, job: Job) -> None:
-        job.start_time = self.clock.now  # (0 for the jobs sent before the first reply)
+        job.start_time = self.clock.now
 
     def next(self, budget: float) -> tuple[Job, Message | None, float, str | None] | None:
         """The next reply to arrive (or the oldest job past its TTL, lost); None past ``budget``
@@ -148,14 +150,10 @@ class WallSource:
                 return None
             mid = transport.next_arrival() if transport.inflight else None
             if mid is not None:
-                if self.clock.held:  # the first reply: a node is ready, the budget starts now
-                    self.clock.restart()
                 self.quiet = None
                 return transport.inflight[mid], transport.arrived.pop(mid), self.clock.now, None
             expired = transport.expired_job()
             if expired is not None:
-                if self.clock.held:
-                    self.clock.restart()
                 self.quiet = None
                 return expired, None, self.clock.now, "ttl-expired"
             now = time.monotonic()
