@@ -76,16 +76,7 @@ class Driver(RunAPI):
         #: With neither ``eval_every`` nor ``num_evaluations``: a point per round's worth of trainings,
         #: set once the run knows its clients per round (``_per_round``).
         self.per_round = eval_every is None and num_evaluations is None
-        if eval_every is not None:
-            schedule = EvalSchedule(float(eval_every), None)
-        elif self.per_round:
-            schedule = EvalSchedule(math.inf, None, trainings=1)  # (replaced at the start: ``_per_round``)
-        elif time_budget is not None:
-            schedule = EvalSchedule(self.budget / num_evaluations, None)
-        elif self.max_updates is not None:
-            schedule = EvalSchedule(math.inf, max(1, math.ceil(self.max_updates / num_evaluations)))
-        else:
-            schedule = EvalSchedule(math.inf, None, trainings=max(1, math.ceil(self.max_trainings / num_evaluations)))
+        schedule = EvalSchedule.first(eval_every, num_evaluations, self.budget, self.max_updates, self.max_trainings)
         evaluation, keys = strategy.evaluation, strategy.run_options
         window = MetricWindow(evaluation.weighted_by_key, kept=None if evaluation.train_metrics_aggr_fn is None else [])
         self.state = RunState(x=x, carried=carried, schedule=schedule, window=window, replica_lrs=lrs)

@@ -76,6 +76,23 @@ class EvalSchedule:
         if self.trainings is not None and self.next_trainings == 0:
             self.next_trainings = self.trainings
 
+    @classmethod
+    def first(cls, eval_every: float | None, num_evaluations: int | None, budget: float, max_updates: int | None,
+              max_trainings: int | None) -> EvalSchedule:
+        """The schedule a run starts with (``budgets`` validated its arguments): every ``eval_every``
+        time units; else ``num_evaluations`` points spread over the budget (time first, then updates,
+        trainings); else, by default, a placeholder of one training that the run replaces, once it
+        knows its clients per round C, with a point every C trainings (FedAvg's cost)."""
+        if eval_every is not None:
+            return cls(float(eval_every), None)
+        if num_evaluations is None:
+            return cls(math.inf, None, trainings=1)
+        if math.isfinite(budget):
+            return cls(budget / num_evaluations, None)
+        if max_updates is not None:
+            return cls(math.inf, max(1, math.ceil(max_updates / num_evaluations)))
+        return cls(math.inf, None, trainings=max(1, math.ceil(max_trainings / num_evaluations)))
+
     def advance(self, version: int, trainings: int = 0) -> None:
         self.step += 1
         self.next_time = self.step * self.period
