@@ -21,7 +21,7 @@ import json
 import math
 import os
 import sys
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -67,10 +67,44 @@ def argv_of(method: list[str], eps: float) -> list[str]:
     return [*method, *SETTING, "--dp-noise-multiplier", f"{z:g}", *budget]
 
 
-def runs() -> list[tuple[str, float, list[str]]]:
+def runs(seed: int | None = None) -> list[tuple[str, float, list[str]]]:
+    """Every run of the study: the table's cells (each α of each method, each ε) and, for the study's
+    own seed only, the figure's run by τ. ``seed`` replaces the setting's seed (and leaves the figure's
+    run out)."""
     out = [(name, eps, argv_of([*m, "--lr", f"{a:g}"], eps)) for name, m in METHODS.items() for a in ALPHAS[name]
            for eps in EPSILONS]
-    return [*out, (BY_TAU[0], 8.0, argv_of(BY_TAU[1], 8.0))]
+    if seed is None:
+        return [*out, (BY_TAU[0], 8.0, argv_of(BY_TAU[1], 8.0))]
+    def reseeded(argv: list[str]) -> list[str]:
+        at = argv.index("--seed") + 1
+        return [*argv[:at], str(seed), *argv[at + 1:]]
+
+    return [(name, eps, reseeded(argv)) for name, eps, argv in out]
+
+
+def table(results: list[dict[str, Any]]) -> list[str]:
+    """Each cell's best α per seed, then the median and min–max over the seeds (diverged runs as 0.1,
+    chance, and counted)."""
+    import numpy as np  # noqa: PLC0415
+
+    lines = ["| ε (every client) | " + " | ".join("∞" if math.isinf(e) else f"{e:g}" for e in EPSILONS) + " |",
+             "|---|" + "---|" * len(EPSILONS)]
+    seeds = sorted({r.get("seed", 1) for r in results})
+    for name in METHODS:
+        cells = []
+        for eps in EPSILONS:
+            key = None if math.isinf(eps) else eps
+            accs, diverged = [], 0
+            for sd in seeds:
+                b = best([r for r in results if r.get("seed", 1) == sd], name, key)
+                if b is None:
+                    continue
+                diverged += b["diverged"]
+                accs.append(0.1 if b["diverged"] else b["accuracy"])
+            cells.append("—" if not accs else f"{np.median(accs):.3f} [{min(accs):.3f} – {max(accs):.3f}]"
+                         + (f" ({diverged} diverged)" if diverged else ""))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def best(results: list[dict[str, Any]], name: str, eps: float | None) -> dict[str, Any] | None:
@@ -164,11 +198,27 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--plot", action="store_true", help="only redraw the figures from docs/privacy/mnist.json")
     parser.add_argument("--commands", action="store_true", help="print the run_sim.py commands and exit")
+    parser.add_argument("--seeds", help="only the table's runs, once per seed of this list (e.g. 1,2,3,4,5), "
+                        "into --results; then the table of medians and min–max over the seeds")
+    parser.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2)")
+    parser.add_argument("--results", help="with --seeds: the JSON file of the runs (default docs/privacy/mnist_seeds.json)")
     args = parser.parse_args(argv)
     path = OUT / "mnist.json"
     if args.commands:
         for name, eps, cmd in runs():
             print(f"# {name}, ε = {eps:g}\npython run_sim.py {' '.join(cmd)}")
+        return
+    if args.seeds:
+        seeds = [int(x) for x in args.seeds.split(",")]
+        jobs = [(sd, job) for sd in seeds for job in runs(sd)]
+        out = Path(args.results) if args.results else OUT / "mnist_seeds.json"
+        done: list[dict[str, Any]] = []
+        with ProcessPoolExecutor(max_workers=args.jobs) as pool:  # (written as they end: a cut-off study keeps its runs)
+            futures = {pool.submit(one, job): sd for sd, job in jobs}
+            for future in as_completed(futures):
+                done.append({**future.result(), "seed": futures[future]})
+                out.write_text(json.dumps(done, indent=1) + "\n")
+        print("\n".join(table(done)))
         return
     if not args.plot:
         with ProcessPoolExecutor(max_workers=2) as pool:

@@ -275,3 +275,70 @@ def test_malenia_on_the_wall_clock_survives_hostile_metrics_in_cancelled_replies
     books = dict(res.books)
     assert books["balanced"] == 1 and books["updates"] > 0 and books["discarded"] > 0
     assert np.isfinite(run_of(s).manager.books.wasted).all() and (run_of(s).manager.books.wasted >= 0).all()
+
+
+# ------------------------------------------------------------------ records built in one step
+# ``messages.plain_record`` fills a record's dict directly when Flower's checks would pass every
+# item, and leaves anything else to Flower's constructor. Built both ways, the records must be the
+# same to Flower: equal contents, the same types, the same bytes on the wire; and what Flower
+# refuses, plain_record refuses the same way.
+_VALID = [
+    (ConfigRecord, {"lr": 0.05, "steps": 3, "name": "x", "blob": b"\x00\x01", "on": True}),
+    (ConfigRecord, {}),
+    (MetricRecord, {"num-examples": 64, "loss": 0.25, "big": 2**62}),
+    (MetricRecord, {"loss": float("nan")}),  # (Flower takes it; reply_metrics drops it later)
+]
+_INVALID = [
+    (ConfigRecord, {"lr": [0.1, 0.2]}),  # a list: Flower's own path
+    (ConfigRecord, {"lr": np.float64(0.1)}),  # a numpy scalar (a float subclass): Flower's own path
+    (ConfigRecord, {1: 0.1}),  # a key that is not a string
+    (ConfigRecord, {"x": None}),
+    (MetricRecord, {"flag": True}),  # bool is no metric
+    (MetricRecord, {"name": "abc"}),
+    (MetricRecord, {"loss": [0.1, 0.2]}),
+]
+
+
+def _built(build, cls, values):
+    try:
+        return build(cls, values), None
+    except Exception as exc:  # noqa: BLE001 (compared below)
+        return None, type(exc)
+
+
+@pytest.mark.parametrize("cls,values", _VALID + _INVALID)
+def test_a_record_built_in_one_step_is_flowers_record(cls, values):
+    from flwr.common import serde
+
+    from fl_rescaled.messages import plain_record
+
+    ours, our_error = _built(plain_record, cls, values)
+    theirs, their_error = _built(lambda c, v: c(v), cls, values)
+    assert our_error is their_error
+    if theirs is None:
+        return
+    def same(record):  # (NaN equals NaN here)
+        return {k: "nan" if isinstance(v, float) and v != v else v for k, v in record.items()}
+
+    assert type(ours) is type(theirs) and same(ours) == same(theirs)
+    assert [type(v) for v in ours.values()] == [type(v) for v in theirs.values()]
+    to_proto = serde.config_record_to_proto if cls is ConfigRecord else serde.metric_record_to_proto
+    assert to_proto(ours).SerializeToString(deterministic=True) == to_proto(theirs).SerializeToString(deterministic=True)
+
+
+def test_a_recorddict_built_in_one_step_is_flowers_recorddict():
+    from flwr.common import serde
+
+    from fl_rescaled.messages import plain_record
+
+    parts = {"arrays": ArrayRecord({"w": Array(np.arange(6, dtype=np.float32).reshape(2, 3))}),
+             "config": ConfigRecord({"lr": 0.1}), "metrics": MetricRecord({"loss": 1.5})}
+    ours, theirs = plain_record(RecordDict, parts), RecordDict(parts)
+    assert type(ours) is RecordDict and list(ours) == list(theirs)
+    assert (serde.recorddict_to_proto(ours).SerializeToString(deterministic=True)
+            == serde.recorddict_to_proto(theirs).SerializeToString(deterministic=True))
+    with pytest.raises(Exception) as ours_bad:
+        plain_record(RecordDict, {"x": {"lr": 0.1}})  # a plain dict is no record
+    with pytest.raises(Exception) as theirs_bad:
+        RecordDict({"x": {"lr": 0.1}})
+    assert ours_bad.type is theirs_bad.type
