@@ -56,12 +56,14 @@ class Driver(RunAPI):
                  observers: list[ManagerObserver] | None = None, checkpoint: Checkpointing | None = None,
                  settings: ManagerSettings | None = None, replicas: Sequence[float] | None = None,
                  seed: int = 0, divergence: Divergence | None = Divergence(), num_trainings: int | None = None,
-                 finish_in_flight: bool = False) -> None:
+                 finish_in_flight: bool = False, num_rounds: int | None = None) -> None:
         self.strategy = strategy
         self.finish_in_flight = bool(finish_in_flight)
         self.seed = int(seed)
         self.budget, self.max_updates, self.max_trainings = budgets(time_budget, num_updates, eval_every,
-                                                                    num_evaluations, num_trainings)
+                                                                    num_evaluations, num_trainings, num_rounds)
+        #: FedAvg's rounds (``max_trainings`` = rounds × C) and the cadence, decided at the start (``_per_round``).
+        self.rounds, self.cadence = num_rounds, (eval_every, num_evaluations)
         self.by_time = time_budget is not None
         #: What the progress bar counts: the budget the run has (time first, then updates, trainings).
         self.bar_key = "time" if self.by_time else "updates" if self.max_updates is not None else "trainings"
@@ -73,9 +75,6 @@ class Driver(RunAPI):
         lrs = None if replicas is None else np.asarray(replicas, np.float64)
         if lrs is not None and (not lrs.size or x.size % lrs.size or not (lrs > 0).all() or not np.isfinite(lrs).all()):
             raise ValueError("replicas: one positive α per replica, and the model the replicas end to end")
-        #: With neither ``eval_every`` nor ``num_evaluations``: a point per round's worth of trainings,
-        #: set once the run knows its clients per round (``_per_round``).
-        self.per_round = eval_every is None and num_evaluations is None
         schedule = EvalSchedule.first(eval_every, num_evaluations, self.budget, self.max_updates, self.max_trainings)
         evaluation, keys = strategy.evaluation, strategy.run_options
         window = MetricWindow(evaluation.weighted_by_key, kept=None if evaluation.train_metrics_aggr_fn is None else [])
@@ -83,7 +82,8 @@ class Driver(RunAPI):
         self._scratch = np.empty(0, x.dtype)  # (sized at the first step)
         self.configures_jobs = strategy.configures_jobs
         self.plan = None if checkpoint is None else checkpoint.covering(strategy, self.layout, self.budget,
-                                                                         self.max_updates, self.max_trainings)
+                                                                         self.max_updates, self.max_trainings,
+                                                                         num_rounds)
         per_partition = taus is not None or strategy.target_weights() is not None or settings.worker_config is not None
         if partition_query is None:
             partition_query = per_partition
@@ -106,15 +106,13 @@ class Driver(RunAPI):
                                   min_nodes=evaluation.min_evaluate_nodes, weighted_by_key=evaluation.weighted_by_key,
                                   arrayrecord_key=keys.arrayrecord_key, configrecord_key=keys.configrecord_key,
                                   aggregate=evaluation.evaluate_metrics_aggr_fn)
-        bar = ProgressBar({"time": self.budget, "updates": self.max_updates, "trainings": self.max_trainings}[self.bar_key],
-                          enabled=progress, label=strategy.name)
+        bar = ProgressBar({"time": self.budget, "updates": self.max_updates, "trainings": self.max_trainings}[self.bar_key]
+                          or 1, enabled=progress, label=strategy.name)  # (num_rounds: set at the start)
         self.divergence = divergence if lrs is None else None  # (a batch's losses are the replicas')
         self.evaluations = Evaluations(self.grid, evaluate_fn, fed, bar, train_aggregate=evaluation.train_metrics_aggr_fn,
                                        on_evaluation=strategy.on_evaluation, unit=clock.unit_label,
                                        on_point=None if self.divergence is None else self._watch)
-        self.check = FailureCheck(1)
-        self.next_checkpoint = math.inf
-        self.wall_seconds = 0.0
+        self.check, self.next_checkpoint, self.wall_seconds = FailureCheck(1), math.inf, 0.0
 
     # ---------------------------------------------------------------- the run
     def run(self) -> AsyncResult:
@@ -123,7 +121,7 @@ class Driver(RunAPI):
         (its manager, books and state) readable after it."""
         strategy, manager, state = self.strategy, self.manager, self.state
         log_start(type(strategy).__name__, self.layout, self.budget if self.by_time else None, self.max_updates,
-                  self.max_trainings)
+                  self.max_trainings, self.rounds)
         strategy.summary()
         log.info("")
         if self.plan is None or not self.plan.resume:
@@ -169,11 +167,15 @@ class Driver(RunAPI):
         return result
 
     def _per_round(self, n: int) -> None:
-        """The default evaluation schedule, once the run has its ``n`` workers: a point every round's
-        worth of client trainings, FedAvg's clients per round (``PopulationOptions.slots``: C), so a
-        run evaluates as often as FedAvg would for the same trainings."""
-        if self.per_round:
-            self.state.schedule = EvalSchedule(math.inf, None, trainings=self.strategy.population.slots(n))
+        """What the run's ``n`` workers decide at its start: FedAvg's clients per round C (``population.slots``),
+        hence a ``num_rounds`` budget's trainings (rounds × C) and the default evaluations, a point every C
+        trainings, so that a run evaluates as often as FedAvg would for the same trainings."""
+        c = self.strategy.population.slots(n)
+        if self.rounds is not None:
+            self.max_trainings = self.rounds * c
+            if self.bar_key == "trainings":
+                self.evaluations.bar.set_total(self.max_trainings)
+        self.state.schedule = EvalSchedule.first(*self.cadence, self.budget, self.max_updates, self.max_trainings, c)
 
     def _result(self, x: np.ndarray, carried: dict[str, np.ndarray]) -> AsyncResult:
         """Flower's ``Result`` with the model ``x`` (and ``carried``) and the metrics and books so far."""

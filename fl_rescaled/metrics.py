@@ -56,6 +56,11 @@ class ProgressBar:
             self._console.control(Control((ControlType.CARRIAGE_RETURN,), (ControlType.ERASE_IN_LINE, 2)))
             self._console.print(Segments(line), end="")
 
+    def set_total(self, total: float) -> None:
+        """The bar's end, once the run knows it (a budget in FedAvg's rounds, set at the start)."""
+        self.total = float(total)
+        self._progress.update(self._task, total=self.total)
+
     def close(self) -> None:
         if self.enabled:
             self.update(self.total, force=True)

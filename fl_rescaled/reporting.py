@@ -340,7 +340,7 @@ class Evaluations:
 
 
 def log_start(strategy: str, layout: Any, time_budget: float | None, max_updates: int | None,
-              max_trainings: int | None = None) -> None:
+              max_trainings: int | None = None, rounds: int | None = None) -> None:
     """The start of a run in the log, as FedAvg's (its strategy's own lines follow: ``summary``)."""
     log.info("Starting %s strategy:", strategy)
     log.info("\t├── Model: %d arrays, %d trained values (%s)", len(layout.entries), layout.flat_size,
@@ -348,7 +348,9 @@ def log_start(strategy: str, layout: Any, time_budget: float | None, max_updates
     log.info("\t├── Budget: %s", " and ".join(([f"{time_budget:g} time units"] if time_budget is not None else [])
                                               + ([f"{max_updates} updates"] if max_updates is not None else [])
                                               + ([f"{max_trainings} client trainings"] if max_trainings is not None
-                                                 else [])))
+                                                 else [])
+                                              + ([f"{rounds} rounds' worth of client trainings (FedAvg's work)"]
+                                                 if rounds is not None else [])))
 
 
 def log_end(result: Result, wall_seconds: float) -> None:

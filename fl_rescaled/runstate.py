@@ -31,19 +31,21 @@ STATE_VERSION = 7
 
 
 def budgets(time_budget: float | None, num_updates: int | None, eval_every: float | None,
-            num_evaluations: int | None, num_trainings: int | None = None) -> tuple[float, int | None, int | None]:
+            num_evaluations: int | None, num_trainings: int | None = None,
+            num_rounds: int | None = None) -> tuple[float, int | None, int | None]:
     """Validated budgets: (time budget, inf if none; server updates, None if none; client
-    trainings, None if none). ``num_updates`` and ``num_trainings`` count the same run's work in
-    two units (one FedBuff update is K trainings): give one of them, not both."""
-    if num_updates is not None and num_trainings is not None:
-        raise ValueError("give num_trainings (client trainings: FedAvg's num_rounds × clients per round) or "
-                         "num_updates (server updates), not both")
-    if time_budget is None and num_updates is None and num_trainings is None:
-        raise ValueError("give a budget: num_trainings (client trainings: FedAvg's num_rounds × clients per round), "
-                         "num_updates (server updates) and/or time_budget (time units)")
+    trainings, None if none or set at the start from ``num_rounds``). ``num_updates``,
+    ``num_trainings`` and ``num_rounds`` count the same run's work in three units (one FedBuff update
+    is K trainings; a round is C trainings): give one of them, not two."""
+    if sum(c is not None for c in (num_updates, num_trainings, num_rounds)) > 1:
+        raise ValueError("give one of num_rounds (FedAvg's rounds: C client trainings each), num_trainings "
+                         "(client trainings) and num_updates (server updates), not two")
+    if time_budget is None and num_updates is None and num_trainings is None and num_rounds is None:
+        raise ValueError("give a budget: num_rounds (FedAvg's work: C client trainings per round), num_trainings "
+                         "(client trainings), num_updates (server updates) and/or time_budget (time units)")
     if time_budget is not None and not (time_budget > 0 and math.isfinite(time_budget)):
         raise ValueError(f"time_budget must be positive and finite, got {time_budget!r}")
-    for name, count in (("num_updates", num_updates), ("num_trainings", num_trainings)):
+    for name, count in (("num_updates", num_updates), ("num_trainings", num_trainings), ("num_rounds", num_rounds)):
         if count is not None and (isinstance(count, bool) or not isinstance(count, (int, float, np.integer))
                                   or int(count) != count or count < 1):
             raise ValueError(f"{name} must be a positive integer, got {count!r}")
@@ -78,19 +80,22 @@ class EvalSchedule:
 
     @classmethod
     def first(cls, eval_every: float | None, num_evaluations: int | None, budget: float, max_updates: int | None,
-              max_trainings: int | None) -> EvalSchedule:
+              max_trainings: int | None, per_round: int = 1) -> EvalSchedule:
         """The schedule a run starts with (``budgets`` validated its arguments): every ``eval_every``
         time units; else ``num_evaluations`` points spread over the budget (time first, then updates,
-        trainings); else, by default, a placeholder of one training that the run replaces, once it
-        knows its clients per round C, with a point every C trainings (FedAvg's cost)."""
+        trainings); else, by default, a point every ``per_round`` trainings, FedAvg's clients per
+        round C (FedAvg's cost: the run sets it again once it knows C, and its ``num_rounds``
+        budget's trainings)."""
         if eval_every is not None:
             return cls(float(eval_every), None)
         if num_evaluations is None:
-            return cls(math.inf, None, trainings=1)
+            return cls(math.inf, None, trainings=per_round)
         if math.isfinite(budget):
             return cls(budget / num_evaluations, None)
         if max_updates is not None:
             return cls(math.inf, max(1, math.ceil(max_updates / num_evaluations)))
+        if max_trainings is None:  # (num_rounds: the trainings are known at the start, which sets it again)
+            return cls(math.inf, None, trainings=1)
         return cls(math.inf, None, trainings=max(1, math.ceil(max_trainings / num_evaluations)))
 
     def advance(self, version: int, trainings: int = 0) -> None:
@@ -209,12 +214,13 @@ class Checkpointing:
     resume: bool = False
 
     def covering(self, strategy: Any, layout: Any, budget: float, max_updates: int | None,
-                 max_trainings: int | None = None) -> Checkpointing:
+                 max_trainings: int | None = None, rounds: int | None = None) -> Checkpointing:
         """This plan with a fingerprint that also covers the strategy, its options, the model's layout
         and the budgets: a checkpoint of any other run is refused."""
         what = {"run": self.fingerprint, "strategy": type(strategy).__name__,
                 "options": {k: repr(v) for k, v in strategy.describe().items()}, "model": layout.describe(),
-                "budget": repr(budget), "updates": max_updates, **({"trainings": max_trainings} if max_trainings else {})}
+                "budget": repr(budget), "updates": max_updates, **({"trainings": max_trainings} if max_trainings else {}),
+                **({"rounds": rounds} if rounds else {})}
         digest = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
         return Checkpointing(self.path, self.every, digest, self.resume)
 

@@ -85,7 +85,7 @@ class FlowerFacade(Strategy):
         seed: int = 0,
         divergence: Divergence | None = Divergence(),
         finish_in_flight: bool = False,
-        num_rounds: None = None,
+        num_rounds: int | None = None,
     ) -> AsyncResult:
         """Run the asynchronous loop until a budget is spent; return Flower's ``Result``.
 
@@ -98,9 +98,8 @@ class FlowerFacade(Strategy):
             (``ArrayRecord(model.state_dict())``, say).
         num_updates : int, optional
             Stop after this many server updates (one FedBuff update is K trainings, one FedAsync
-            update one). Give it or ``num_trainings``, not both (``ValueError``); at least one of
-            ``num_trainings``, ``num_updates`` and ``time_budget`` is required, and FedAvg's
-            ``num_rounds`` is a ``TypeError``.
+            update one). Give one of ``num_rounds``, ``num_trainings`` and ``num_updates``, not two
+            (``ValueError``); at least one of them or ``time_budget`` is required.
         timeout : float (default: 3600)
             Seconds a job (and an evaluation) may take before it counts as lost: every message's TTL.
         train_config, evaluate_config : ConfigRecord, optional
@@ -118,6 +117,13 @@ class FlowerFacade(Strategy):
             lost job (no reply, an error reply) does not. The jobs still in flight when the budget is
             reached are not waited for (unless ``finish_in_flight``): ``Result.books["in-flight"]``
             and the log count them.
+        num_rounds : int, optional
+            FedAvg's budget, kept: the work of that many FedAvg rounds, ``num_rounds × C`` client
+            trainings, with C FedAvg's clients per round for the nodes there are at the start
+            (max(``min_train_nodes``, ⌊``fraction_train`` · nodes⌋), or ``concurrency``), so the
+            switch from FedAvg keeps its line and does FedAvg's work on any number of nodes. With
+            the default evaluations the ``Result``'s keys 1 … ``num_rounds`` are where FedAvg's
+            rounds would end. There are no rounds: the jobs run as above.
         time_budget : float, optional
             Stop when the clock reaches this time: virtual time units, or on the wall clock
             seconds / ``time_unit`` counted from this call, as FedAvg's execution time is (the nodes'
@@ -192,10 +198,8 @@ class FlowerFacade(Strategy):
             a ClientApp that raised, its own exception text), or its model diverged (the message
             names the clients whose updates were largest; ``RunFailed.result`` has the best model).
         """
-        if num_rounds is not None:
-            raise TypeError(f"{type(self).__name__}.start() takes num_trainings (FedAvg's num_rounds × clients per "
-                            "round), num_updates and/or time_budget, not FedAvg's num_rounds")
         return Driver(self, grid, initial_arrays, num_updates=num_updates, num_trainings=num_trainings,
+                      num_rounds=num_rounds,
                       time_budget=time_budget,
                       timeout=timeout, train_config=train_config, evaluate_config=evaluate_config,
                       evaluate_fn=evaluate_fn, clock=clock, taus=taus, eval_every=eval_every,

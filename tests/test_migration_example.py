@@ -155,11 +155,10 @@ def test_the_start_override_runs_around_the_run(example):
     assert summary["updates"] == UPDATES and summary["evaluations"] == len(run.result.progress)
 
 
-def test_num_rounds_is_refused_by_name():
-    """FedAvg's budget keyword is not silently taken: start(num_rounds=...) raises a TypeError that
-    names it and its replacements (a migrated app renames it to num_updates or time_budget)."""
-    with pytest.raises(TypeError, match="num_updates and/or time_budget, not FedAvg's num_rounds"):
-        RescaledASGD(reply="model").start(grid=None, initial_arrays=None, num_rounds=3)
+def test_a_budget_is_required_and_named():
+    """With no budget at all, start() names every budget it takes (FedAvg's num_rounds among them)."""
+    with pytest.raises(ValueError, match="give a budget: num_rounds .FedAvg's work"):
+        RescaledASGD(reply="model").start(grid=None, initial_arrays=None)
 
 
 @pytest.mark.parametrize("hook,instead", [("configure_train", "configure_job"), ("aggregate_train", "update bounds"),

@@ -93,15 +93,38 @@ def test_num_trainings_is_the_same_work_for_every_strategy_fedbuff_120_is_12_upd
         assert res.progress[max(res.progress)]["trainings"] == 120
 
 
-def test_num_trainings_and_num_updates_together_are_refused_with_the_conversion():
-    with pytest.raises(ValueError, match=r"num_trainings \(client trainings: FedAvg's num_rounds × clients per "
-                                         r"round\) or num_updates \(server updates\), not both"):
-        hostile_run(FedBuff(), num_trainings=120, num_updates=12)
-    for bad in (0, -3, 2.5, True, "12"):
-        with pytest.raises(ValueError, match="num_trainings must be a positive integer"):
-            hostile_run(FedBuff(), num_trainings=bad)
-    with pytest.raises(TypeError, match="num_trainings"):
-        hostile_run(FedBuff(), num_rounds=3)
+def test_two_work_budgets_together_are_refused_with_the_conversion():
+    for two in ({"num_trainings": 120, "num_updates": 12}, {"num_rounds": 3, "num_trainings": 60},
+                {"num_rounds": 3, "num_updates": 12}):
+        with pytest.raises(ValueError, match=r"give one of num_rounds \(FedAvg's rounds: C client trainings each\), "
+                                             r"num_trainings \(client trainings\) and num_updates"):
+            hostile_run(FedBuff(), **two)
+    for name in ("num_trainings", "num_rounds"):
+        for bad in (0, -3, 2.5, True, "12"):
+            with pytest.raises(ValueError, match=f"{name} must be a positive integer"):
+                hostile_run(FedBuff(), **{name: bad})
+
+
+@pytest.mark.parametrize("cls", [FedAsync, FedBuff, RescaledASGD])
+@pytest.mark.parametrize("nodes", [4, 10])
+def test_num_rounds_kept_from_fedavg_is_fedavgs_work_on_any_number_of_nodes(cls, nodes):
+    """The switch from FedAvg may keep ``num_rounds``: the run does FedAvg's trainings for the nodes
+    there are (rounds × C, C = max(min_train_nodes, ⌊fraction_train · nodes⌋): 2 of 4 nodes, 5 of
+    10), its evaluations, and its Result keys."""
+    rounds, fraction = 3, 0.5
+    SEEN.clear()
+    ref = FedAvg(fraction_train=fraction, fraction_evaluate=0.5).start(InProcessGrid(app, nodes), model(),
+                                                                       num_rounds=rounds)
+    fedavg = dict(SEEN)
+    SEEN.clear()
+    strategy = cls(fraction_train=fraction, fraction_evaluate=0.5,
+                   **({"reply": "model"} if cls is RescaledASGD else {}))
+    res = strategy.start(InProcessGrid(app, nodes), model(), num_rounds=rounds)
+    c = max(2, int(fraction * nodes))
+    assert res.books["trainings"] == fedavg["train"] == rounds * c
+    assert SEEN["evaluate"] == fedavg["evaluate"]
+    assert sorted(res.evaluate_metrics_clientapp) == sorted(ref.evaluate_metrics_clientapp) == list(range(1, rounds + 1))
+    assert [res.progress[k]["trainings"] for k in sorted(res.progress)] == [k * c for k in range(rounds + 1)]
 
 
 def test_a_rejected_reply_is_a_training_and_a_lost_job_is_not():
@@ -117,12 +140,13 @@ def test_a_rejected_reply_is_a_training_and_a_lost_job_is_not():
     assert books["jobs-sent"] == 60 + books["lost"] + books["in-flight"] + books["discarded"]
 
 
-def test_a_run_resumed_from_its_checkpoint_ends_at_the_same_trainings_and_points(tmp_path):
+@pytest.mark.parametrize("budget", [{"num_trainings": 100}, {"num_rounds": 25}], ids=["trainings", "rounds"])
+def test_a_run_resumed_from_its_checkpoint_ends_at_the_same_trainings_and_points(tmp_path, budget):
     def start(resume: bool):
-        s = FedBuff(buffer_size=4, fraction_train=0.5, fraction_evaluate=0.0)
+        s = FedBuff(buffer_size=4, fraction_train=0.5, fraction_evaluate=0.0)  # (C = 4 of 8: 25 rounds, 100)
         calls, evaluate_fn = central()
         res = start_run(s, InProcessGrid(hostile.app, 8), ArrayRecord({"w": Array(np.zeros(hostile.DIM, np.float32))}),
-                        num_trainings=100, clock=VirtualClock(DelayModel([1.0 + i / 5 for i in range(8)])),
+                        **budget, clock=VirtualClock(DelayModel([1.0 + i / 5 for i in range(8)])),
                         train_config={"reply": "model"}, evaluate_fn=evaluate_fn,
                         checkpoint=Checkpointing(tmp_path / "run.ckpt", 7.0, "trainings", resume=resume))
         return s, res, calls
@@ -146,8 +170,9 @@ def test_the_checkpoint_of_a_run_with_another_budget_is_refused(tmp_path):
             checkpoint=Checkpointing(tmp_path / "run.ckpt", 5.0, "budget", resume=resume), **budget)
 
     start(False, num_trainings=80)
-    with pytest.raises(CheckpointError):
-        start(True, num_trainings=40)
+    for other in ({"num_trainings": 40}, {"num_rounds": 20}):  # (20 rounds of C = 4 are 80 trainings: another budget)
+        with pytest.raises(CheckpointError):
+            start(True, **other)
 
 
 # ------------------------------------------------------------------ evaluations at FedAvg's cost
