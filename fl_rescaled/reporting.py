@@ -349,7 +349,8 @@ def log_start(strategy: str, layout: Any, time_budget: float | None, max_updates
                                               + ([f"{max_updates} updates"] if max_updates is not None else [])
                                               + ([f"{max_trainings} client trainings"] if max_trainings is not None
                                                  else [])
-                                              + ([f"{rounds} rounds' worth of client trainings (FedAvg's work)"]
+                                              + ([("1 round's" if rounds == 1 else f"{rounds} rounds'")
+                                                  + " worth of client trainings (FedAvg's work)"]
                                                  if rounds is not None else [])))
 
 
