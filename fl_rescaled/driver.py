@@ -293,10 +293,9 @@ class Driver(RunAPI):
         self.evaluations.drain(self.state, block=True)
 
     def _finish(self, t_end: float) -> float:
-        """The budget is spent: wait for the jobs still in flight (``finish_in_flight``). No job is
-        sent any more; each reply is handed to the algorithm as any other (an update applied, a
-        buffer filled), a job that does not answer within its TTL is lost. Returns the time of the
-        last completion."""
+        """The budget is spent: wait for the jobs still in flight (``finish_in_flight``), sending none;
+        each reply goes to the algorithm as any other, a job silent past its TTL is lost. Returns the
+        time of the last completion."""
         manager = self.manager
         waiting = int(manager.books.in_flight.sum())
         if not waiting:
@@ -309,6 +308,8 @@ class Driver(RunAPI):
                 t_end = comp.time
             elif manager.waiting:
                 manager.pop_joined()  # (nodes that came back: the run sends no more jobs)
+            else:  # (nothing can end any more: what is left stays counted in flight, never a hang)
+                break
         return t_end
 
     def handle(self, comp: Completion) -> None:
