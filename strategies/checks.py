@@ -4,6 +4,7 @@ a ``ValueError`` that names the option, whatever its type (a string where a numb
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 from flwr.serverapp.strategy import Strategy
@@ -92,12 +93,18 @@ def wrapper_fix(wrapper: str) -> str:
             "(AsyncDPFixedClipping and AsyncDPAdaptiveClipping: docs/privacy.md)")
 
 
-def refuse_round_wrapper(strategy: Any, caller: Any) -> None:
-    """Raise ``TypeError`` when ``caller`` (the ``self`` of the method that called ``strategy.summary``)
-    is a round-based Flower ``Strategy`` holding ``strategy`` as its ``strategy`` (Flower's ``DifferentialPrivacy*`` wrappers, whose
-    ``start`` logs the inner strategy's summary before its first round): the run stops there, before
-    any message is sent, naming our wrappers. Flower's constructors only store the strategy, so this
-    is the first call that reaches ours."""
+def refuse_round_wrapper(strategy: Any) -> None:
+    """Called first in each ``summary`` of ours: raise ``TypeError`` when what called
+    ``strategy.summary`` (the ``self`` of the first frame up the stack that is not one of
+    ``strategy``'s own methods, such as a subclass's ``summary`` calling its parent's) is a
+    round-based Flower ``Strategy`` holding ``strategy`` as its ``strategy`` (Flower's
+    ``DifferentialPrivacy*`` wrappers, whose ``start`` logs the inner strategy's summary before its
+    first round): the run stops there, before any message is sent, naming our wrappers. Flower's
+    constructors only store the strategy, so this is the first call that reaches ours."""
+    frame = sys._getframe(1)  # noqa: SLF001 - (who called: Flower passes nothing that says it)
+    while frame is not None and frame.f_locals.get("self") is strategy:
+        frame = frame.f_back
+    caller = None if frame is None else frame.f_locals.get("self")
     if not isinstance(caller, Strategy) or caller is strategy or type(caller).configure_train is no_rounds:
         return  # (not Flower's, or one of ours: its round hooks are ``no_rounds``)
     if getattr(caller, "__dict__", {}).get("strategy") is strategy:

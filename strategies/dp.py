@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import math
-import sys
 from dataclasses import make_dataclass
 from typing import Any
 
@@ -225,7 +224,7 @@ class AsyncDPFixedClipping(FlowerFacade):
                 "dp_target_epsilon": self.privacy.target_epsilon, "dp_seed": self.privacy.seed}
 
     def summary(self) -> None:
-        refuse_round_wrapper(self, sys._getframe(1).f_locals.get("self"))  # noqa: SLF001 - (see FlowerFacade.summary)
+        refuse_round_wrapper(self)
         log.info("\t├──> DP: noise multiplier %g, clipping norm %g, δ %s, target ε %s (per client, RDP accountant)",
                  self.privacy.noise_multiplier, self.privacy.clipping_norm,
                  "1/N^1.1 (≤ 1e-5)" if self.privacy.delta is None else f"{self.privacy.delta:g}",
@@ -352,7 +351,7 @@ class AsyncDPAdaptiveClipping(AsyncDPFixedClipping):
                 "dp_clip_norm_lr": self.clip_norm_lr, "dp_clipped_count_stddev": self.clipped_count_stddev}
 
     def summary(self) -> None:
-        refuse_round_wrapper(self, sys._getframe(1).f_locals.get("self"))  # noqa: SLF001 - (see FlowerFacade.summary)
+        refuse_round_wrapper(self)
         log.info("\t├──> DP, adaptive clipping: initial norm %g, target quantile %g, lr %g, count noise σ_b %g "
                  "(update noise multiplier %g for an effective %g)", self.privacy.clipping_norm,
                  self.target_clipped_quantile, self.clip_norm_lr, self.clipped_count_stddev, self.update_noise,

@@ -10,7 +10,6 @@ is ``AsyncStrategy``'s (``strategies/base.py``).
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,7 +43,7 @@ class FlowerFacade(Strategy):
     def summary(self) -> None:
         """The strategy's options in the log, drawn as FedAvg's ``summary`` draws its own."""
         # (Flower's DP wrappers call this from their start(), before their first round: refused there)
-        refuse_round_wrapper(self, sys._getframe(1).f_locals.get("self"))  # noqa: SLF001
+        refuse_round_wrapper(self)
         options = list(self.describe().items())
         log.info("\t├──> Options:")
         for i, (key, value) in enumerate(options):
