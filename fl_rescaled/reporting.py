@@ -387,6 +387,10 @@ def rejected_lines(found: list[tuple[int, int, dict[str, int]]], name: Callable[
 def no_update(books: Any) -> str:
     """Why a run that ended made no update, from its books."""
     cols = books.per_worker()
-    return (f"it applied no update within its budget ({books.accepted} replies accepted, "
-            f"{int(cols['rejected'].sum())} rejected, {int(cols['lost'].sum())} lost, "
-            f"{int(cols['in-flight'].sum())} jobs still in flight)")
+    rejected, lost, in_flight = (int(cols[k].sum()) for k in ("rejected", "lost", "in-flight"))
+    why = (f"it applied no update within its budget ({books.accepted} replies accepted, {rejected} rejected, "
+           f"{lost} lost, {in_flight} jobs still in flight)")
+    if books.accepted + rejected + lost == 0 and in_flight:  # (what to do: no reply came in time at all)
+        why += ("; no reply arrived within the budget: give a larger time_budget (on Flower's runtimes it "
+                "counts from start(), the nodes' start-up included) or a num_trainings budget")
+    return why

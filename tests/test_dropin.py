@@ -451,6 +451,34 @@ def test_a_float_reply_of_any_width_is_cast_other_kinds_are_refused():
         assert info.value.reason == "wrong-dtype"
 
 
+def slow_start(seconds: float) -> ClientApp:
+    """A FedAvg ClientApp whose every node sleeps ``seconds`` before its first job (a runtime's start-up)."""
+    inner, started = fedavg_client(), set()
+
+    class SlowStart(ClientApp):
+        def __call__(self, message, context):
+            if context.node_id not in started:
+                started.add(context.node_id)
+                time.sleep(seconds)
+            return inner(message, context)
+
+    return SlowStart()
+
+
+def test_a_time_budget_spent_in_the_nodes_start_up_says_what_to_do():
+    """The wall clock's budget counts from ``start()``: one shorter than the nodes' start-up ends with
+    no reply at all, and the run says so and what to give instead (one line, ``RunFailed``)."""
+    grid = grid_of(slow_start(0.5), threaded=True)
+    try:
+        with pytest.raises(RunFailed, match=r"0 replies accepted.*no reply arrived within the budget: give a larger "
+                                            r"time_budget \(on Flower's runtimes it counts from start\(\), the nodes' "
+                                            r"start-up included\) or a num_trainings budget"):
+            RescaledASGD(reply="model", fraction_evaluate=0.0).start(
+                grid=grid, initial_arrays=initial(), train_config={"lr": 0.05}, time_budget=0.1, clock=WallClock())
+    finally:
+        grid.close()
+
+
 def test_the_log_reads_as_flowers_and_its_wall_clock_counts_from_start(caplog):
     """On Flower's runtimes the nodes take a while to start (Ray's actors, a SuperNode's process).
     The wall clock counts from ``start()`` on every runtime, as FedAvg's "Strategy execution
@@ -458,18 +486,9 @@ def test_the_log_reads_as_flowers_and_its_wall_clock_counts_from_start(caplog):
     start-up (each node here sleeps 0.2 s before its first job). The log is Flower's: its INFO
     lines, drawn as FedAvg's, and no warning the user cannot act on. (An ordering of times: the
     sleep is a lower bound of the first reply's time, whatever the machine.)"""
-    inner, started = fedavg_client(), set()
-
-    class SlowStart(ClientApp):
-        def __call__(self, message, context):
-            if context.node_id not in started:
-                started.add(context.node_id)
-                time.sleep(0.2)
-            return inner(message, context)
-
     caplog.set_level(logging.INFO, logger="flwr")
     caplog.set_level(logging.INFO, logger="flwr.fl_rescaled")
-    grid = grid_of(SlowStart(), threaded=True)
+    grid = grid_of(slow_start(0.2), threaded=True)
     try:
         result = RescaledASGD(reply="model", fraction_evaluate=0.0).start(
             grid=grid, initial_arrays=initial(), train_config={"lr": 0.05}, num_updates=6)
