@@ -1,0 +1,53 @@
+#!/usr/bin/env python
+"""One population run at C = 100, timed: the same command on any checkout, to compare two of them.
+
+The run is ``bench_device.py``'s population (the population study's setting with one digit per client
+and C = N = 100, Vanilla ASGD at the middle of its grid, seed 0), built only from
+``fl_rescaled.population.config`` so that older checkouts run it too. A warm-up at a twentieth of the
+budget first; then one line of JSON: the wall and CPU seconds of the run, its updates and final loss.
+Alternate checkouts on one machine and compare the medians:
+
+    PYTHONPATH=/path/to/checkout python benchmarks/bench_population_run.py [--budget 30] [--workers 1]
+"""
+
+from __future__ import annotations
+
+import fl_rescaled  # noqa: F401  (first: Flower offline)
+
+import argparse  # noqa: E402
+import dataclasses  # noqa: E402
+import json  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+
+from fl_rescaled.experiment import run  # noqa: E402
+from fl_rescaled.population.config import METHODS, SETTINGS, spec_for  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--budget", type=float, default=30.0)
+    ap.add_argument("--workers", type=int, default=1)
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    setting = next(s for s in SETTINGS if s.concurrency == 100 and s.dirichlet == 0)
+    method = next(m for m in METHODS if m.strategy == "vanilla")
+    spec = spec_for(setting, method, method.grid[len(method.grid) // 2], 0, a.budget, a.budget)
+    spec = dataclasses.replace(spec, workers=a.workers)
+    run(dataclasses.replace(spec, budget=a.budget / 20))  # warm-up: data, caches
+    t0, c0 = time.perf_counter(), time.process_time()
+    out = run(spec)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    root = Path(fl_rescaled.__file__).resolve().parent.parent
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
+    print(json.dumps({"checkout": head or str(root), "workers": a.workers, "budget": a.budget,
+                      "wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "updates": out["num_updates"],
+                      "final_loss": out.get("final_loss")}))
+
+
+if __name__ == "__main__":
+    main()
