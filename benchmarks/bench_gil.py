@@ -85,6 +85,8 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=1500)
     ap.add_argument("--python-us", type=float, default=300.0)
     a = ap.parse_args()
+    if a.jobs < 1 or not 0 <= a.python_us <= 1e6:
+        ap.error("--jobs must be at least 1 and --python-us between 0 and 1e6")
     torch.set_num_threads(1)
     torch.set_num_interop_threads(1)
     with warnings.catch_warnings():

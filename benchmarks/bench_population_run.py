@@ -32,6 +32,8 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=30.0)
     ap.add_argument("--workers", type=int, default=1)
     a = ap.parse_args()
+    if not 0 < a.budget < 1e6 or a.workers < 1:
+        ap.error("--budget must be in (0, 1e6) and --workers at least 1")
     torch.set_num_threads(1)
     setting = next(s for s in SETTINGS if s.concurrency == 100 and s.dirichlet == 0)
     method = next(m for m in METHODS if m.strategy == "vanilla")
