@@ -16,7 +16,10 @@ torch thread per kernel):
    GIL), numpy copies of model-sized arrays and ``time.sleep`` (release it), with the kernel on a
    Python thread (eager ops: the GIL is taken back after every op) or forked from the main thread;
 4. how long a forked task takes to complete while the main thread runs Python, at the default and a
-   short ``sys.setswitchinterval``.
+   short ``sys.setswitchinterval``;
+5. for contrast, the kernel in a second process: the main process writes each job's model and rows
+   into shared memory, sends the slot number through a pipe, does its Python, and collects the job
+   0, 1 or 3 jobs later.
 
     python benchmarks/bench_gil.py [--jobs 1500] [--python-us 300]
 
@@ -80,6 +83,60 @@ def first_layer_addmm(xb: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return torch.relu(torch.addmm(w[100352:100480], xb, w[0:100352].view(128, 784).t()))
 
 
+def kernel_worker(conn, slots) -> None:
+    """A second process: computes the one-job gradient of the model in slot s on its rows, into slot s."""
+    torch.set_num_threads(1)
+    task = get_task({"task": "mnist", "seed": 0, "num-partitions": 10, "batch-size": 64, "dirichlet-alpha": 0.0})
+    X, Y, _, _ = _device_data(task, "cpu")
+    W, IDX, G, L = slots
+    conn.send("ready")
+    while (s := conn.recv()) is not None:
+        idx = IDX[s]
+        g, loss = mlp_gradients(W[s:s + 1], X.index_select(0, idx).view(1, idx.shape[0], -1),
+                                Y.index_select(0, idx).view(1, idx.shape[0]))
+        G[s].copy_(g[0])
+        L[s] = loss[0]
+        conn.send(s)
+
+
+def process_pipeline(x0: torch.Tensor, sizes, starts, work, us: float, depth: int, n: int) -> float:
+    """µs per job when the main process writes each job's model and rows into shared memory, hands
+    the slot to a worker process, does ``us`` µs of ``work`` and collects the job ``depth`` − 1 jobs later
+    (copying its gradient out, as a reply's encoding does)."""
+    import multiprocessing as mp
+
+    k, m = depth + 2, 64
+    W = torch.zeros(k, x0.shape[0]).share_memory_()
+    IDX = torch.zeros(k, m, dtype=torch.int64).share_memory_()
+    G = torch.zeros(k, x0.shape[0]).share_memory_()
+    L = torch.zeros(k, dtype=torch.float32).share_memory_()
+    conn, child = mp.get_context("spawn").Pipe()
+    proc = mp.get_context("spawn").Process(target=kernel_worker, args=(child, (W, IDX, G, L)), daemon=True)
+    proc.start()
+    try:
+        assert conn.recv() == "ready"
+        x = x0.numpy()
+        inflight: list[int] = []
+        t0 = time.perf_counter()
+        for j in range(n):
+            s = j % k
+            W[s].numpy()[:] = x
+            IDX[s].numpy()[:] = client_rng(0, j % 10, j).choice(int(sizes[j % 10]), m, replace=False) + starts[j % 10]
+            conn.send(s)
+            inflight.append(s)
+            work(us)
+            if len(inflight) >= depth:
+                inflight.pop(0)
+                bytes(G[conn.recv()].numpy())
+        while inflight:
+            inflight.pop(0)
+            conn.recv()
+        return (time.perf_counter() - t0) / n * 1e6
+    finally:
+        conn.send(None)
+        proc.join(timeout=10)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=1500)
@@ -90,7 +147,7 @@ def main() -> None:
     torch.set_num_threads(1)
     torch.set_num_interop_threads(1)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # (torch.jit.script is deprecated in torch ≥ 2.10: an experiment)
+        warnings.simplefilter("ignore")  # (torch 2.14 warns that torch.jit.script is deprecated: an experiment)
         script = torch.jit.script(scripted_gradients)
         script_addmm = torch.jit.script(first_layer_addmm)
 
@@ -201,6 +258,14 @@ def main() -> None:
         sys.setswitchinterval(old)
         print(f"   switch interval {sw * 1e6:.0f} µs: {statistics.median(lat):.0f} (alone: "
               f"{solo['scripted, forked and waited']:.0f})")
+
+
+    print(f"5. the kernel in a second process (shared-memory models, a pipe for the slot numbers), beside "
+          f"{us:.0f} µs of main-thread pure Python per job, µs per job (in process, serial: about "
+          f"{solo['eager'] + us:.0f}):")
+    for depth in (1, 2, 4):
+        print(f"   a job collected {depth - 1} job(s) after it was sent: "
+              f"{process_pipeline(x0, sizes, starts, python_work, us, depth, n):.0f}")
 
 
 if __name__ == "__main__":
