@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from fl_rescaled.tasks import client_rng, get_task
-from fl_rescaled.tasks.batched import _device_data, mlp_gradients
+from fl_rescaled.tasks.batched import device_data, mlp_gradients
 
 
 def kernel_inputs(X: torch.Tensor, Y: torch.Tensor, idx: torch.Tensor, ws: list[torch.Tensor], one: float):
@@ -87,7 +87,7 @@ def kernel_worker(conn, slots) -> None:
     """A second process: computes the one-job gradient of the model in slot s on its rows, into slot s."""
     torch.set_num_threads(1)
     task = get_task({"task": "mnist", "seed": 0, "num-partitions": 10, "batch-size": 64, "dirichlet-alpha": 0.0})
-    X, Y, _, _ = _device_data(task, "cpu")
+    X, Y, _, _ = device_data(task, "cpu")
     W, IDX, G, L = slots
     conn.send("ready")
     while (s := conn.recv()) is not None:
@@ -156,7 +156,7 @@ def main() -> None:
 
         launcher = torch.jit.script(launch)
     task = get_task({"task": "mnist", "seed": 0, "num-partitions": 10, "batch-size": 64, "dirichlet-alpha": 0.0})
-    X, Y, starts, sizes = _device_data(task, "cpu")
+    X, Y, starts, sizes = device_data(task, "cpu")
     x0 = torch.from_numpy(task.initial_params(0))
 
     def batch(B: int, k: int):

@@ -27,7 +27,8 @@ from fl_rescaled.batching import BatchedClientApp
 from fl_rescaled.layout import decode_array, encode_array
 from fl_rescaled.messages import JOB_TYPE, add_partition_query, plain_record
 from fl_rescaled.tasks import MnistTask, QuadraticTask, get_task, job_rng, local_sgd, scratch
-from fl_rescaled.tasks.batched import mnist_jobs, quadratic_gradients, resolve_device
+from fl_rescaled.tasks.batched import device_data, minibatch_rows, mnist_jobs, quadratic_gradients, resolve_device
+from fl_rescaled.tasks.kernel_process import worker_for
 
 app = BatchedClientApp()
 add_partition_query(app)
@@ -120,7 +121,58 @@ def batch_chunk(msg: Message) -> int | None:
     return CPU_CHUNK if key is not None and key[-1] == "cpu" else None
 
 
-@app.batch(key=batch_key, chunk=batch_chunk)
+class _InWorker:
+    """A CPU MNIST gradient job sent to the task's worker process when it was pushed."""
+
+    __slots__ = ("msg", "worker", "slot", "keys", "examples", "t0")
+
+    def __init__(self, msg: Message, worker, slot: int, keys: tuple[str, str], examples: int, t0: float) -> None:
+        self.msg, self.worker, self.slot, self.keys, self.examples, self.t0 = msg, worker, slot, keys, examples, t0
+
+    def reply(self) -> Message:
+        grad, loss = self.worker.result(self.slot)
+        return _reply(self.msg, self.keys, grad, loss, self.examples, time.perf_counter() - self.t0)
+
+    def cancel(self) -> None:
+        self.worker.abandon(self.slot)
+
+
+def launch(msg: Message, context: Context) -> _InWorker | None:
+    """Start a CPU MNIST gradient job in the task's worker process (``fl_rescaled.tasks.kernel_process``);
+    None for any other job, or when no worker can take it (it then waits for its batch)."""
+    t0 = time.perf_counter()
+    content = msg.content
+    cfg: ConfigRecord = content["config"]
+    if cfg.get("mode", "gradient") != "gradient" or cfg.get("emulate", ""):
+        return None
+    spec = str(cfg["task"])
+    task = get_task(spec)
+    if type(task) is not MnistTask or resolve_device(str(cfg.get("device", "cpu"))) != "cpu":
+        return None
+    worker = worker_for(spec, task.size, task.batch_size)
+    if worker is None:
+        return None
+    pid = partition_id(context)
+    arrays_key = next(k for k, v in content.items() if isinstance(v, ArrayRecord))
+    (key, arr), = content[arrays_key].items()
+    _, _, starts, sizes = device_data(task, "cpu")
+    rows = minibatch_rows(starts, sizes, [pid], [job_rng(task, pid, int(cfg["job-seq"]))], task.batch_size)
+    slot = worker.submit(decode_array(arr), rows[0])
+    return None if slot is None else _InWorker(msg, worker, slot, (arrays_key, key), task.batch_size, t0)
+
+
+def _reply(msg: Message, keys: tuple[str, str], out: np.ndarray, loss: float, examples: int,
+           seconds: float) -> Message:
+    """``train``'s reply: the array in the job's layout and the three metrics."""
+    arrays_key, key = keys
+    record = ArrayRecord()
+    record[key] = encode_array(out)
+    metrics = {"loss": float(loss), "num-examples": int(examples), "compute-time": seconds}
+    return Message(plain_record(RecordDict, {arrays_key: record, "metrics": plain_record(MetricRecord, metrics)}),
+                   reply_to=msg)
+
+
+@app.batch(key=batch_key, chunk=batch_chunk, launch=launch)
 def train_many(msgs: list[Message], contexts: list[Context]) -> list[Message]:
     """Answer many ``train`` messages of one batch key at once (``train``'s replies, up to rounding)."""
     t0 = time.perf_counter()
@@ -148,11 +200,4 @@ def train_many(msgs: list[Message], contexts: list[Context]) -> list[Message]:
         outs, losses = mnist_jobs(task, xs, pids, rngs, device=str(cfg.get("device", "cpu")))
         examples = task.batch_size
     share = (time.perf_counter() - t0) / len(msgs)
-    replies = []
-    for msg, (arrays_key, key), out, loss in zip(msgs, keys, outs, losses):
-        record = ArrayRecord()
-        record[key] = encode_array(out)
-        metrics = {"loss": float(loss), "num-examples": int(examples), "compute-time": share}
-        content = plain_record(RecordDict, {arrays_key: record, "metrics": plain_record(MetricRecord, metrics)})
-        replies.append(Message(content, reply_to=msg))
-    return replies
+    return [_reply(msg, k, out, loss, examples, share) for msg, k, out, loss in zip(msgs, keys, outs, losses)]

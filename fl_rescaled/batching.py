@@ -20,13 +20,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 BatchKey = Callable[[Message], Hashable | None]
 BatchFn = Callable[[Sequence[Message], Sequence[Context]], list[Message]]
+
+
+class Launched(Protocol):
+    """A job started elsewhere (another process): its reply when pulled, or forgotten."""
+
+    def reply(self) -> Message: ...
+
+    def cancel(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -36,6 +44,9 @@ class BatchEntry:
     key: BatchKey
     fn: BatchFn
     chunk: Callable[[Message], int | None] | int | None = None
+    #: ``launch(msg, context)``: start one job now and return a ``Launched`` (None: not this one). The
+    #: Grid calls it when the job is pushed, with ``workers`` ≥ 2, and collects the reply when pulled.
+    launch: Callable[[Message, Context], Launched | None] | None = None
 
     def chunk_size(self, msg: Message) -> int | None:
         """At most this many messages per call for a batch that contains ``msg`` (None: no limit)."""
@@ -64,7 +75,8 @@ class BatchedClientApp(ClientApp):
         super().__init__(*args, **kwargs)
         self.batch_entry: BatchEntry | None = None
 
-    def batch(self, key: BatchKey, chunk: Callable[[Message], int | None] | int | None = None
+    def batch(self, key: BatchKey, chunk: Callable[[Message], int | None] | int | None = None,
+              launch: Callable[[Message, Context], Launched | None] | None = None
               ) -> Callable[[BatchFn], BatchFn]:
         """Register ``fn(msgs, contexts) -> replies`` as the batch entry (a decorator).
 
@@ -74,9 +86,13 @@ class BatchedClientApp(ClientApp):
             ``key(msg)``: equal keys may share a call; None sends the message one by one.
         chunk : int or callable, optional
             At most this many messages per call (or ``chunk(msg)`` for the batch of ``msg``).
+        launch : callable, optional
+            ``launch(msg, context)``: start the job elsewhere when it is pushed and return a
+            ``Launched`` whose ``reply()`` is the reply ``fn`` would give (the same bits), or None to
+            leave the job to ``fn``. Used by the in-process Grid with ``workers`` ≥ 2 only.
         """
         def register(fn: BatchFn) -> BatchFn:
-            self.batch_entry = BatchEntry(key, fn, chunk)
+            self.batch_entry = BatchEntry(key, fn, chunk, launch)
             return fn
 
         return register

@@ -263,7 +263,11 @@ def _start(spec: RunSpec, cfg: dict[str, Any], task, strategy: AsyncStrategy, x0
             checkpoint=_checkpointing(spec),
             divergence=divergence,
         )
-        driver.run()
+        try:
+            driver.run()
+        finally:
+            if in_process:
+                grid.close()
     return driver, time.perf_counter() - wall0
 
 

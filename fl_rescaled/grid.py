@@ -233,6 +233,8 @@ class InProcessGrid(Grid):
             self.offline.add(node_id)
 
     def close(self) -> None:
+        if self.batches is not None:
+            self.batches.close()
         for ex in [*self._executors.values(), *([self._pool] if self._pool is not None else [])]:
             ex.shutdown(wait=True, cancel_futures=True)
         self._executors.clear()

@@ -18,13 +18,23 @@ NODE_UNAVAILABLE when the job is pulled, as if it had been computed then.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future
 from typing import Any, Protocol
 
 from flwr.app import Context, Message
 
-from .batching import BatchEntry, plan_chunks
+from .batching import BatchEntry, Launched, plan_chunks
+
+
+def _cancel_all(launched: dict) -> None:
+    while launched:
+        _, (_, _, started) = launched.popitem()
+        try:
+            started.cancel()
+        except Exception:  # noqa: BLE001 - (a worker already gone has nothing to give back)
+            pass
 
 
 class BatchHost(Protocol):
@@ -52,10 +62,14 @@ class LazyBatches:
         self.groups: dict[Hashable, dict[str, Message]] = {}  # key -> pending jobs, in push order
         self.key_of: dict[str, Hashable] = {}
         self.done: dict[str, tuple[Message, Message]] = {}  # computed, not yet pulled
+        self.launched: dict[str, tuple[Message, Context, Launched]] = {}  # started when pushed (``launch``)
+        # (a Grid dropped with jobs started elsewhere gives their places back there: see ``close``)
+        weakref.finalize(self, _cancel_all, self.launched)
         #: batches formed, calls made and jobs answered by them (jobs run one by one are not counted)
         self.formed = 0
         self.calls = 0
         self.jobs = 0
+        self.launched_jobs = 0  # jobs answered by their launch (``BatchEntry.launch``)
 
     def push(self, mid: str, msg: Message) -> bool:
         """Hold ``msg`` until it is pulled; False if it cannot be batched (the Grid runs it alone)."""
@@ -65,12 +79,25 @@ class LazyBatches:
             key = None
         if key is None:
             return False
+        if self.entry.launch is not None and self.grid.workers > 1 and msg.metadata.dst_node_id not in self.grid.offline:
+            ctx = self.grid.context(msg.metadata.dst_node_id)
+            try:
+                started = self.entry.launch(msg, ctx)
+            except Exception:  # noqa: BLE001 - not started: it waits for its batch as any other
+                started = None
+            if started is not None:
+                self.launched[mid] = (msg, ctx, started)
+                return True
         self.groups.setdefault(key, {})[mid] = msg
         self.key_of[mid] = key
         return True
 
+    def close(self) -> None:
+        """Forget the jobs started elsewhere and not pulled (their replies are not wanted any more)."""
+        _cancel_all(self.launched)
+
     def holds(self, mid: str) -> bool:
-        return mid in self.key_of or mid in self.done
+        return mid in self.key_of or mid in self.done or mid in self.launched
 
     def discard(self, mid: str) -> None:
         key = self.key_of.pop(mid, None)
@@ -80,9 +107,15 @@ class LazyBatches:
             if not group:
                 del self.groups[key]
         self.done.pop(mid, None)
+        started = self.launched.pop(mid, None)
+        if started is not None:
+            started[2].cancel()
 
     def reply(self, mid: str) -> Message | None:
         """The reply to ``mid`` (computing its batch if needed); None if it is not held here."""
+        started = self.launched.pop(mid, None)
+        if started is not None:
+            return self._collect(*started)
         got = self.done.pop(mid, None)
         if got is None:
             if mid not in self.key_of:
@@ -93,6 +126,18 @@ class LazyBatches:
         if msg.metadata.dst_node_id in self.grid.offline:
             return self.grid._execute(msg)  # NODE_UNAVAILABLE, as if computed now
         return rep
+
+    def _collect(self, msg: Message, ctx: Context, started: Launched) -> Message:
+        """A launched job's reply; computed here, alone, if its launch cannot give it."""
+        if msg.metadata.dst_node_id in self.grid.offline:
+            started.cancel()
+            return self.grid._execute(msg)  # NODE_UNAVAILABLE
+        try:
+            rep = started.reply()
+        except Exception:  # noqa: BLE001 - (a worker process that died): the same job, in process
+            rep = None
+        self.launched_jobs += rep is not None
+        return self.grid._finish(msg, rep, ctx)
 
     def _compute(self, key: Hashable, mid: str) -> None:
         group = self.groups.pop(key)

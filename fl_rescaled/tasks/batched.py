@@ -43,7 +43,7 @@ def resolve_device(device: str | None) -> str:
     return device
 
 
-def _device_data(task: MnistTask, device: str):
+def device_data(task: MnistTask, device: str):
     """(all partitions' images end to end, their labels, each partition's first row, sizes) on ``device``."""
     key = (id(task), device)
     got = _DATA.get(key)
@@ -62,6 +62,21 @@ def _device_data(task: MnistTask, device: str):
     return got
 
 
+def minibatch_rows(starts: np.ndarray, sizes: np.ndarray, workers: Sequence[int],
+                   rngs: Sequence[np.random.Generator], batch_size: int) -> np.ndarray:
+    """(B, m) rows of every job's minibatch in the partitions laid end to end (each partition's first
+    row ``starts``, its size ``sizes``): job j draws ``rng.choice(n_j, m, replace=False)`` from its own
+    generator, as ``MnistTask.minibatch``."""
+    m = int(batch_size)
+    if int(sizes[list(workers)].min()) < m:
+        raise ValueError("a partition is smaller than the minibatch: these jobs go one by one")
+    rows = np.empty((len(workers), m), np.int64)
+    for j, (w, rng) in enumerate(zip(workers, rngs)):
+        rows[j] = rng.choice(int(sizes[w]), m, replace=False)
+        rows[j] += starts[w]
+    return rows
+
+
 def mnist_minibatches(task: MnistTask, workers: Sequence[int], rngs: Sequence[np.random.Generator],
                       batch_size: int, device: str = "cpu"):
     """Every job's minibatch, stacked: images (B, m, 784) and labels (B, m), on ``device``.
@@ -70,14 +85,9 @@ def mnist_minibatches(task: MnistTask, workers: Sequence[int], rngs: Sequence[np
     """
     import torch
 
-    X, Y, starts, sizes = _device_data(task, device)
-    m = int(batch_size)
-    if int(sizes[list(workers)].min()) < m:
-        raise ValueError("a partition is smaller than the minibatch: these jobs go one by one")
-    rows = np.empty((len(workers), m), np.int64)
-    for j, (w, rng) in enumerate(zip(workers, rngs)):
-        rows[j] = rng.choice(int(sizes[w]), m, replace=False)
-        rows[j] += starts[w]
+    X, Y, starts, sizes = device_data(task, device)
+    rows = minibatch_rows(starts, sizes, workers, rngs, batch_size)
+    m = rows.shape[1]
     idx = torch.from_numpy(rows.reshape(-1)).to(device)
     return X.index_select(0, idx).view(len(workers), m, -1), Y.index_select(0, idx).view(len(workers), m)
 

@@ -1,0 +1,256 @@
+"""MNIST gradients in a second process, beside the event loop's Python (the in-process Grid, ``--workers`` ≥ 2).
+
+The event loop's Python holds the GIL; a kernel on a thread of the same process waits for it after
+every torch op, so in one process the two never overlap (``benchmarks/bench_gil.py``). A worker
+process has its own interpreter: the main process writes a job's model and minibatch rows into a
+slot of a shared-memory file, sends the slot's number through the worker's stdin, and reads the
+gradient from the slot when the job's reply is pulled. The worker computes exactly the one-job
+batched kernel of the in-process path (``batched.mlp_gradients`` on one model, one torch thread), on
+data it loads itself from the task's spec, so the bits are the same.
+
+The worker is started with ``python -m fl_rescaled.tasks.kernel_process``, never by re-importing the
+caller's main module (as multiprocessing's spawn would), and it is shared by every run of the process
+with the same task; it ends when its stdin closes (at the caller's exit, or ``close``). A worker that
+fails, dies or stops answering for ``TIMEOUT`` seconds raises ``KernelProcessError`` for the jobs it
+held: the Grid computes them in process instead, with the same bits.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import select
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+
+import numpy as np
+
+from .batched import device_data, mlp_gradients
+from .registry import get_task
+
+#: Slots of one worker: jobs sent and not yet collected (two model-sized arrays each: 128 MNIST slots
+#: are 104 MB); with all of them taken a job runs in process.
+SLOTS = 128
+#: Seconds without an answer after which a worker is given up (its jobs are computed in process).
+TIMEOUT = 120.0
+_READY, _STOP, _FAILED = 0x7FFFFFF0, -1, 0x40000000
+
+
+class KernelProcessError(RuntimeError):
+    """The worker failed, died or stopped answering: compute its jobs in process."""
+
+
+def _layout(size: int, batch: int, slots: int) -> dict[str, tuple[int, np.dtype, tuple[int, ...]]]:
+    """Where each array of the shared file lies: name -> (offset, dtype, shape)."""
+    out, offset = {}, 0
+    for name, dtype, shape in (("models", np.float32, (slots, size)), ("grads", np.float32, (slots, size)),
+                               ("rows", np.int64, (slots, batch)), ("losses", np.float64, (slots,))):
+        out[name] = (offset, np.dtype(dtype), shape)
+        offset += int(np.prod(shape)) * np.dtype(dtype).itemsize
+    out["total"] = (offset, np.dtype(np.uint8), ())
+    return out
+
+
+def _room(folder: str, nbytes: int) -> bool:
+    """Whether ``folder`` is writable with ``nbytes`` free (a container's /dev/shm may hold 64 MB only:
+    writing past its end would kill the process, not raise)."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return False
+    return os.access(folder, os.W_OK) and st.f_bavail * st.f_frsize >= nbytes
+
+
+def _views(mem: np.ndarray, layout: dict) -> dict[str, np.ndarray]:
+    return {name: np.ndarray(shape, dtype, buffer=mem, offset=offset)
+            for name, (offset, dtype, shape) in layout.items() if name != "total"}
+
+
+class KernelProcess:
+    """One worker process computing one MNIST task's gradient jobs (see the module docstring)."""
+
+    def __init__(self, spec: str, size: int, batch: int, slots: int = SLOTS) -> None:
+        self.spec, self.slots = spec, int(slots)
+        layout = _layout(size, batch, self.slots)
+        folder = "/dev/shm" if _room("/dev/shm", 2 * layout["total"][0]) else None  # (else a temporary file)
+        fd, path = tempfile.mkstemp(prefix="fl-rescaled-kernel-", dir=folder)
+        try:
+            os.ftruncate(fd, layout["total"][0])
+            os.close(fd)
+            self._mem = np.memmap(path, dtype=np.uint8, mode="r+")
+            self.arrays = _views(self._mem, layout)
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "fl_rescaled.tasks.kernel_process", path, str(self.slots), str(size),
+                 str(batch), spec],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=os.environ.copy(),
+                bufsize=0)
+            self._lock = threading.Lock()
+            self._inbox = bytearray()
+            self._free = list(range(self.slots))[::-1]
+            self._done: set[int] = set()
+            self._abandoned: set[int] = set()
+            self.broken = False
+            self.answered = 0  # jobs whose results were collected
+            if self._read() != _READY:
+                raise KernelProcessError("the kernel process did not start")
+        finally:
+            os.unlink(path)  # (both processes hold the mapping; the file goes when they do)
+
+    # -- the pipe
+    def _read(self) -> int:
+        """The worker's next answer (4 bytes), read from the pipe itself: a buffered reader could
+        hold answers that ``select`` no longer sees."""
+        fd = self._proc.stdout.fileno()
+        while len(self._inbox) < 4:
+            ready, _, _ = select.select([fd], [], [], TIMEOUT)
+            chunk = os.read(fd, 4096) if ready else b""
+            if not chunk:
+                self._break()
+                raise KernelProcessError("the kernel process died or stopped answering")
+            self._inbox += chunk
+        data = bytes(self._inbox[:4])
+        del self._inbox[:4]
+        return struct.unpack("<i", data)[0]
+
+    def _break(self) -> None:
+        self.broken = True
+        try:
+            self._proc.kill()
+        except OSError:
+            pass
+
+    # -- jobs
+    def submit(self, model: np.ndarray, rows: np.ndarray) -> int | None:
+        """Send one job; its slot, or None when every slot is taken (compute it in process)."""
+        with self._lock:
+            if self.broken or not self._free:
+                return None
+            slot = self._free.pop()
+            self.arrays["models"][slot] = model
+            self.arrays["rows"][slot] = rows
+            try:
+                self._proc.stdin.write(struct.pack("<i", slot))
+                self._proc.stdin.flush()
+            except OSError as exc:
+                self._break()
+                raise KernelProcessError("the kernel process is gone") from exc
+            return slot
+
+    def result(self, slot: int) -> tuple[np.ndarray, float]:
+        """The job's gradient (a copy) and loss; the slot is free again after it."""
+        with self._lock:
+            while slot not in self._done:
+                if self.broken:
+                    raise KernelProcessError("the kernel process is gone")
+                got = self._read()
+                failed = bool(got & _FAILED)
+                got &= ~_FAILED
+                if not 0 <= got < self.slots:
+                    self._break()
+                    raise KernelProcessError(f"the kernel process answered slot {got}, not one of ours")
+                if got in self._abandoned:
+                    self._abandoned.discard(got)
+                    self._free.append(got)
+                elif failed:
+                    self._free.append(got)
+                    if got == slot:
+                        raise KernelProcessError("the kernel process could not compute the job")
+                else:
+                    self._done.add(got)
+            self._done.discard(slot)
+            self.answered += 1
+            grad = self.arrays["grads"][slot].copy()
+            loss = float(self.arrays["losses"][slot])
+            self._free.append(slot)
+            return grad, loss
+
+    def abandon(self, slot: int) -> None:
+        """Forget a job sent and no longer wanted (its slot is free once the worker answers it)."""
+        with self._lock:
+            if slot in self._done:
+                self._done.discard(slot)
+                self._free.append(slot)
+            else:
+                self._abandoned.add(slot)
+
+    def close(self) -> None:
+        self.broken = True
+        try:
+            self._proc.stdin.write(struct.pack("<i", _STOP))
+            self._proc.stdin.close()
+            self._proc.wait(timeout=10)
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            self._proc.kill()
+
+
+_WORKERS: dict[str, KernelProcess] = {}
+_WORKERS_LOCK = threading.Lock()
+#: Workers started again after one broke, per task, before the jobs of that task stay in process.
+RESTARTS = 3
+_STARTS: dict[str, int] = {}
+
+
+def worker_for(spec: str, size: int, batch: int) -> KernelProcess | None:
+    """The worker of task ``spec`` (started on first use, again after it broke, at most ``RESTARTS``
+    times), or None when none can run."""
+    with _WORKERS_LOCK:
+        got = _WORKERS.get(spec)
+        if got is not None and not got.broken:
+            return got
+        if _STARTS.get(spec, 0) > RESTARTS:
+            return None
+        _STARTS[spec] = _STARTS.get(spec, 0) + 1
+        if got is not None:
+            got.close()
+        try:
+            got = _WORKERS[spec] = KernelProcess(spec, size, batch)
+        except (OSError, KernelProcessError):
+            _WORKERS.pop(spec, None)
+            return None
+        return got
+
+
+@atexit.register
+def close_all() -> None:
+    with _WORKERS_LOCK:
+        for w in _WORKERS.values():
+            w.close()
+        _WORKERS.clear()
+
+
+def _serve(path: str, slots: int, size: int, batch: int, spec: str) -> None:
+    """The worker's loop: read a slot number, compute its job, write the number back (-1 stops)."""
+    out = os.fdopen(os.dup(1), "wb", buffering=0)
+    os.dup2(2, 1)  # (anything the task prints goes to stderr, never into the answers)
+    import torch
+
+    torch.set_num_threads(1)
+    task = get_task(spec)
+    X, Y, _, _ = device_data(task, "cpu")
+    mem = np.memmap(path, dtype=np.uint8, mode="r+")
+    a = {k: torch.from_numpy(v) for k, v in _views(mem, _layout(size, batch, slots)).items()}
+    out.write(struct.pack("<i", _READY))
+    inp = sys.stdin.buffer
+    while True:
+        data = inp.read(4)
+        if len(data) != 4:
+            return
+        slot = struct.unpack("<i", data)[0]
+        if slot < 0:
+            return
+        try:
+            idx = a["rows"][slot]
+            g, loss = mlp_gradients(a["models"][slot:slot + 1], X.index_select(0, idx).view(1, batch, -1),
+                                    Y.index_select(0, idx).view(1, batch))
+            a["grads"][slot].copy_(g[0])
+            a["losses"][slot] = loss.double()[0]
+            out.write(struct.pack("<i", slot))
+        except Exception:  # noqa: BLE001 - the caller computes this job in process
+            out.write(struct.pack("<i", slot | _FAILED))
+
+
+if __name__ == "__main__":
+    _serve(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])

@@ -1,0 +1,100 @@
+"""MNIST gradients in a worker process (``fl_rescaled.tasks.kernel_process``): with ``--workers`` ≥ 2
+the in-process Grid sends each CPU MNIST gradient job there when it is pushed; the run's bits are those
+of ``--workers 1``, and a worker that dies, fails or cannot start leaves the jobs to the process."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import fl_rescaled.tasks.kernel_process as kp
+from fl_rescaled.experiment import RunSpec, run
+from fl_rescaled.tasks import client_rng, get_task, mlp_gradient, task_spec
+from fl_rescaled.tasks.batched import device_data, minibatch_rows
+
+pytestmark = pytest.mark.mnist
+
+
+def _spec(seed: int, **kw) -> RunSpec:
+    return RunSpec(**{"task": "mnist", "strategy": "rescaled", "budget": 20, "eval_every": 10, "lr": 1.0,
+                      "seed": seed, "delays": "exponential", **kw})
+
+
+def _same_bits(a: dict, b: dict) -> None:
+    assert a["num_updates"] == b["num_updates"] > 50
+    assert a["updates_per_worker"] == b["updates_per_worker"]
+    np.testing.assert_array_equal(a["final_model"], b["final_model"])
+    assert [h["loss"] for h in a["history"]] == [h["loss"] for h in b["history"]]
+
+
+def _worker(seed: int) -> kp.KernelProcess | None:
+    """The worker of the run with this seed (the task spec a job carries names it)."""
+    found = [w for spec, w in kp._WORKERS.items() if json.loads(spec).get("seed") == seed]
+    assert len(found) <= 1
+    return found[0] if found else None
+
+
+def test_the_worker_answers_the_jobs_with_the_bits_of_one_process(mnist_cache):
+    one = run(_spec(11, workers=1))
+    two = run(_spec(11, workers=2))
+    _same_bits(one, two)
+    worker = _worker(11)
+    assert worker is not None and not worker.broken
+    assert worker.answered >= two["num_updates"]  # every applied gradient came from the worker
+    # the malenia strategy cancels jobs: their slots come back
+    m1, m2 = (run(_spec(12, strategy="malenia", budget=80, eval_every=40, workers=w)) for w in (1, 2))
+    assert m1["num_updates"] > 0
+    np.testing.assert_array_equal(m1["final_model"], m2["final_model"])
+
+
+def test_a_worker_that_dies_mid_run_changes_nothing(mnist_cache, monkeypatch):
+    one = run(_spec(13, workers=1))
+    sent = []
+    submit = kp.KernelProcess.submit
+
+    def submit_then_die(self, model, rows):
+        slot = submit(self, model, rows)
+        sent.append(slot)
+        if len(sent) == 40:
+            self._proc.kill()  # the jobs it holds are computed in process; a new worker takes the next
+        return slot
+
+    monkeypatch.setattr(kp.KernelProcess, "submit", submit_then_die)
+    two = run(_spec(13, workers=2))
+    _same_bits(one, two)
+    assert len(sent) > 40
+
+
+def test_slots_abandoned_come_back_and_a_full_worker_declines(mnist_cache):
+    cfg = {"task": "mnist", "seed": 14, "num-partitions": 10, "batch-size": 64, "dirichlet-alpha": 0.0}
+    task = get_task(cfg)
+    _, _, starts, sizes = device_data(task, "cpu")
+    worker = kp.KernelProcess(task_spec(cfg), task.size, task.batch_size, slots=2)
+    try:
+        x = task.initial_params(0)
+        rows = [minibatch_rows(starts, sizes, [w], [client_rng(14, w, 1)], 64)[0] for w in range(4)]
+        a, b = worker.submit(x, rows[0]), worker.submit(x, rows[1])
+        assert worker.submit(x, rows[2]) is None  # both slots taken: that job is left to the process
+        worker.abandon(a)
+        g, loss = worker.result(b)
+        c = worker.submit(x, rows[3])
+        assert c is not None
+        g3, loss3 = worker.result(c)
+        ref, ref_loss = mlp_gradient(torch.from_numpy(x), *task.minibatch(3, client_rng(14, 3, 1)))
+        np.testing.assert_allclose(g3, ref, rtol=1e-5, atol=1e-7)
+        assert abs(loss3 - ref_loss) < 1e-5
+    finally:
+        worker.close()
+    with pytest.raises(kp.KernelProcessError):
+        worker.result(c)
+
+
+def test_a_worker_that_cannot_start_leaves_the_jobs_in_process(mnist_cache, monkeypatch):
+    one = run(_spec(15, workers=1))
+    monkeypatch.setattr(kp.sys, "executable", "/nonexistent/python")
+    two = run(_spec(15, workers=2))
+    _same_bits(one, two)
+    assert _worker(15) is None
