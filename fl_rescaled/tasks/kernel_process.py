@@ -195,7 +195,7 @@ _STARTS: dict[str, int] = {}
 
 def worker_for(spec: str, size: int, batch: int) -> KernelProcess | None:
     """The worker of task ``spec`` (started on first use, again after it broke, at most ``RESTARTS``
-    times), or None when none can run."""
+    times; the worker of another task is closed first), or None when none can run."""
     with _WORKERS_LOCK:
         got = _WORKERS.get(spec)
         if got is not None and not got.broken:
@@ -203,8 +203,9 @@ def worker_for(spec: str, size: int, batch: int) -> KernelProcess | None:
         if _STARTS.get(spec, 0) > RESTARTS:
             return None
         _STARTS[spec] = _STARTS.get(spec, 0) + 1
-        if got is not None:
-            got.close()
+        for other in _WORKERS.values():  # (one worker at a time: each holds the data and torch)
+            other.close()
+        _WORKERS.clear()
         try:
             got = _WORKERS[spec] = KernelProcess(spec, size, batch)
         except (OSError, KernelProcessError):
