@@ -3,9 +3,10 @@
 
 Whole stack: RescaledASGD → AsyncClientManager → InProcessGrid → ClientApp → MNIST gradient, with
 Flower Messages both ways, one torch thread per job (as every run of the project), with
-``--workers 1`` and ``--workers 2``, each with the jobs in flight computed in lazy batches (the
-default: ``fl_rescaled.grid_batch``) and one by one (``--no-batch``; with ``--ahead`` the pool
-computes them as soon as they are sent). Bare loops, same N steps on the same partitions:
+``--workers 1`` (the jobs in flight computed in lazy batches: ``fl_rescaled.grid_batch``) and
+``--workers 2`` (each gradient computed in a worker process from the moment its job is sent:
+``fl_rescaled.tasks.kernel_process``), and one by one (``--no-batch``, which also keeps the gradients
+in process; with ``--ahead`` the pool computes them as soon as they are sent). Bare loops, same N steps on the same partitions:
   (1) "same gradient": the task's own gradient function, a Python loop and an in-place update, on
       one torch thread and on torch's default threads;
   (2) "idiomatic":     nn.Sequential + CrossEntropyLoss + autograd + manual SGD step (default threads);
@@ -112,7 +113,7 @@ def main() -> None:
     task.partition(0)
     cases = {
         "stack, --workers 1 (batched)": lambda: bench_stack(args.updates, 1),
-        "stack, --workers 2 (batched)": lambda: bench_stack(args.updates, 2),
+        "stack, --workers 2 (worker process)": lambda: bench_stack(args.updates, 2),
         "stack, --workers 1 --no-batch": lambda: bench_stack(args.updates, 1, batch=False),
         "stack, --workers 2 --no-batch": lambda: bench_stack(args.updates, 2, batch=False),
         "stack, --workers 2 --no-batch --ahead": lambda: bench_stack(args.updates, 2, True, batch=False),
@@ -124,6 +125,7 @@ def main() -> None:
         f"bare, idiomatic autograd, {default_threads} threads": lambda: bench_bare_idiomatic(args.updates, task),
     }
     bench_stack(2000)  # warm-up
+    bench_stack(500, 2)  # (starts the gradients' worker process: later runs of this task reuse it)
     torch.set_num_threads(default_threads)
     rows = {k: [] for k in cases}
     for _ in range(args.repeats):  # interleaved, so machine noise hits every case alike

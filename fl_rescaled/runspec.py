@@ -118,9 +118,10 @@ class RunSpec:
                            choices=("", "fixed", "exponential"))
     ttl: float = setting(3600.0, "seconds a job may take before it counts as lost", positive=True)
     workers: int | None = setting(None, "in-process Grid, virtual clock: threads that run the evaluations while the "
-                                        "event loop goes on, and with --ahead the jobs in flight too (default: the "
-                                        "machine's cores; 1: everything in turn); the trajectory is the same for any "
-                                        "value", low=1, high=1024)
+                                        "event loop goes on, and with --ahead the jobs in flight too; from 2, the "
+                                        "MNIST gradients go to a second process (default: the machine's cores; 1: "
+                                        "everything in turn); the trajectory is the same for any value",
+                                  low=1, high=1024)
     ahead: bool = setting(False, "compute the jobs in flight on the --workers threads as soon as they are sent (pays "
                                  "off when a job's work releases the GIL, as a CNN's local epochs do; the MNIST MLP's "
                                  "one minibatch gradient does not: see the README)")
