@@ -140,7 +140,7 @@ def main() -> None:
         print(f"  {k:<42}{v:9.0f} steps/s {1e6 / v:7.0f} µs/step  ×{v / base:.2f} of the 1-thread bare loop"
               f"  ×{v / kernel:.2f} of the 2-thread batched kernel   (all: {', '.join(f'{x:.0f}' for x in rows[k])})")
     print(f"projected 30,000-unit run (116,250 updates, no evaluation), --workers 2: "
-          f"{116250 / mid['stack, --workers 2 (batched)']:.0f} s")
+          f"{116250 / mid['stack, --workers 2 (worker process)']:.0f} s")
 
 
 if __name__ == "__main__":
