@@ -5,6 +5,7 @@ of ``--workers 1``, and a worker that dies, fails or cannot start leaves the job
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -50,7 +51,8 @@ def test_the_worker_answers_the_jobs_with_the_bits_of_one_process(mnist_cache):
     np.testing.assert_array_equal(m1["final_model"], m2["final_model"])
 
 
-def test_a_worker_that_dies_mid_run_changes_nothing(mnist_cache, monkeypatch):
+def test_a_worker_that_dies_mid_run_changes_nothing(mnist_cache, monkeypatch, caplog):
+    caplog.set_level(logging.WARNING, logger="flwr.fl_rescaled")
     one = run(_spec(13, workers=1))
     sent = []
     submit = kp.KernelProcess.submit
@@ -66,6 +68,9 @@ def test_a_worker_that_dies_mid_run_changes_nothing(mnist_cache, monkeypatch):
     two = run(_spec(13, workers=2))
     _same_bits(one, two)
     assert len(sent) > 40
+    said = [r.getMessage() for r in caplog.records if "worker process stopped" in r.getMessage()]
+    assert len(said) == 1 and "run in this process, with the same results" in said[0]
+    assert _worker(13).answered > 0  # a new worker took the jobs after it
 
 
 def test_slots_abandoned_come_back_and_a_full_worker_declines(mnist_cache):
@@ -92,9 +97,12 @@ def test_slots_abandoned_come_back_and_a_full_worker_declines(mnist_cache):
         worker.result(c)
 
 
-def test_a_worker_that_cannot_start_leaves_the_jobs_in_process(mnist_cache, monkeypatch):
+def test_a_worker_that_cannot_start_leaves_the_jobs_in_process(mnist_cache, monkeypatch, caplog):
+    caplog.set_level(logging.WARNING, logger="flwr.fl_rescaled")
     one = run(_spec(15, workers=1))
     monkeypatch.setattr(kp.sys, "executable", "/nonexistent/python")
     two = run(_spec(15, workers=2))
     _same_bits(one, two)
     assert _worker(15) is None
+    said = [r.getMessage() for r in caplog.records if "could not start" in r.getMessage()]
+    assert 1 <= len(said) <= kp.RESTARTS + 1  # said once per try, and the tries end

@@ -18,6 +18,7 @@ held: the Grid computes them in process instead, with the same bits.
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import select
 import struct
@@ -37,6 +38,7 @@ SLOTS = 128
 #: Seconds without an answer after which a worker is given up (its jobs are computed in process).
 TIMEOUT = 120.0
 _READY, _STOP, _FAILED = 0x7FFFFFF0, -1, 0x40000000
+log = logging.getLogger("flwr.fl_rescaled")
 
 
 class KernelProcessError(RuntimeError):
@@ -92,10 +94,11 @@ class KernelProcess:
             self._free = list(range(self.slots))[::-1]
             self._done: set[int] = set()
             self._abandoned: set[int] = set()
-            self.broken = False
+            self.broken = self.started = False
             self.answered = 0  # jobs whose results were collected
             if self._read() != _READY:
                 raise KernelProcessError("the kernel process did not start")
+            self.started = True
         finally:
             os.unlink(path)  # (both processes hold the mapping; the file goes when they do)
 
@@ -108,14 +111,18 @@ class KernelProcess:
             ready, _, _ = select.select([fd], [], [], TIMEOUT)
             chunk = os.read(fd, 4096) if ready else b""
             if not chunk:
-                self._break()
+                self._break(f"no answer within {TIMEOUT:g} s" if not ready else "it exited")
                 raise KernelProcessError("the kernel process died or stopped answering")
             self._inbox += chunk
         data = bytes(self._inbox[:4])
         del self._inbox[:4]
         return struct.unpack("<i", data)[0]
 
-    def _break(self) -> None:
+    def _break(self, why: str = "it died or stopped answering") -> None:
+        if self.started and not self.broken:
+            log.warning("The MNIST gradients' worker process stopped (%s): its jobs run in this process, with "
+                        "the same results (%d restarts left; --workers 1 keeps every job in process).",
+                        why, max(0, RESTARTS - _STARTS.get(self.spec, 0) + 1))
         self.broken = True
         try:
             self._proc.kill()
@@ -135,7 +142,7 @@ class KernelProcess:
                 self._proc.stdin.write(struct.pack("<i", slot))
                 self._proc.stdin.flush()
             except OSError as exc:
-                self._break()
+                self._break("it exited")
                 raise KernelProcessError("the kernel process is gone") from exc
             return slot
 
@@ -149,7 +156,7 @@ class KernelProcess:
                 failed = bool(got & _FAILED)
                 got &= ~_FAILED
                 if not 0 <= got < self.slots:
-                    self._break()
+                    self._break(f"it answered slot {got}")
                     raise KernelProcessError(f"the kernel process answered slot {got}, not one of ours")
                 if got in self._abandoned:
                     self._abandoned.discard(got)
@@ -208,8 +215,10 @@ def worker_for(spec: str, size: int, batch: int) -> KernelProcess | None:
         _WORKERS.clear()
         try:
             got = _WORKERS[spec] = KernelProcess(spec, size, batch)
-        except (OSError, KernelProcessError):
+        except (OSError, KernelProcessError) as exc:
             _WORKERS.pop(spec, None)
+            log.warning("The MNIST gradients' worker process could not start (%s): the jobs run in this process, "
+                        "with the same results.", exc)
             return None
         return got
 
