@@ -12,7 +12,9 @@ same reply on any transport and in any process.
 
 The app is a ``BatchedClientApp``: Flower's runtimes call ``train`` one message at a time, the
 in-process Grid answers the MNIST and quadratic jobs in flight with ``train_many`` in one call
-(``fl_rescaled.tasks.batched``: the same replies up to float rounding). ``device`` in the job config
+(``fl_rescaled.tasks.batched``: the same replies up to float rounding), and with ``workers`` ≥ 2 it
+sends each CPU MNIST gradient job to a worker process when it is pushed (``launch``:
+``fl_rescaled.tasks.kernel_process``, the same bits). ``device`` in the job config
 (``cpu``, ``cuda``, ``auto``; the ``--device`` option) says where the MNIST kernels run.
 """
 
@@ -27,7 +29,7 @@ from fl_rescaled.batching import BatchedClientApp
 from fl_rescaled.layout import decode_array, encode_array
 from fl_rescaled.messages import JOB_TYPE, add_partition_query, plain_record
 from fl_rescaled.tasks import MnistTask, QuadraticTask, get_task, job_rng, local_sgd, scratch
-from fl_rescaled.tasks.batched import device_data, minibatch_rows, mnist_jobs, quadratic_gradients, resolve_device
+from fl_rescaled.tasks.batched import minibatch_rows, mnist_jobs, partition_layout, quadratic_gradients, resolve_device
 from fl_rescaled.tasks.kernel_process import worker_for
 
 app = BatchedClientApp()
@@ -89,11 +91,7 @@ def train(msg: Message, context: Context) -> Message:
     emulate = cfg.get("emulate", "")
     if emulate:
         _emulate_compute_time(str(emulate), cfg, context, task.seed, pid, seq, t0)
-    metrics = {"loss": float(loss), "num-examples": int(examples), "compute-time": time.perf_counter() - t0}
-    reply = ArrayRecord()
-    reply[key] = encode_array(np.asarray(out))
-    return Message(plain_record(RecordDict, {arrays_key: reply, "metrics": plain_record(MetricRecord, metrics)}),
-                   reply_to=msg)
+    return _reply(msg, (arrays_key, key), np.asarray(out), loss, examples, time.perf_counter() - t0)
 
 
 def batch_key(msg: Message):
@@ -155,7 +153,7 @@ def launch(msg: Message, context: Context) -> _InWorker | None:
     pid = partition_id(context)
     arrays_key = next(k for k, v in content.items() if isinstance(v, ArrayRecord))
     (key, arr), = content[arrays_key].items()
-    _, _, starts, sizes = device_data(task, "cpu")
+    starts, sizes = partition_layout(task)
     rows = minibatch_rows(starts, sizes, [pid], [job_rng(task, pid, int(cfg["job-seq"]))], task.batch_size)
     slot = worker.submit(decode_array(arr), rows[0])
     return None if slot is None else _InWorker(msg, worker, slot, (arrays_key, key), task.batch_size, t0)

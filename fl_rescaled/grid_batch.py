@@ -11,6 +11,11 @@ batches, and so the same bits, for any number of threads. With ``workers`` ≥ 2
 batch run in parallel, one on the calling thread and the others on the Grid's pool, each with the
 caller's torch thread count.
 
+With ``workers`` ≥ 2, a job whose ClientApp offers ``launch`` (``BatchEntry.launch``) and takes it is
+started when it is pushed (the project's ClientApp sends CPU MNIST gradients to a worker process) and
+collected when pulled; a launch that cannot give its reply leaves the job to be computed alone, and the
+jobs started and not pulled are given back when the Grid closes (or is dropped).
+
 A batch call that raises is redone one message at a time, so a failing job gets its own error reply
 exactly as without batching. A node taken down after its job was computed still answers with
 NODE_UNAVAILABLE when the job is pulled, as if it had been computed then.

@@ -43,6 +43,16 @@ def resolve_device(device: str | None) -> str:
     return device
 
 
+def partition_layout(task: MnistTask) -> tuple[np.ndarray, np.ndarray]:
+    """(each partition's first row, sizes) of the partitions laid end to end, as ``device_data`` lays them."""
+    key = (id(task), "layout")
+    got = _DATA.get(key)
+    if got is None:
+        sizes = np.asarray(task.partition_sizes(), np.int64)
+        got = _DATA[key] = (np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64), sizes)
+    return got
+
+
 def device_data(task: MnistTask, device: str):
     """(all partitions' images end to end, their labels, each partition's first row, sizes) on ``device``."""
     key = (id(task), device)
@@ -54,11 +64,10 @@ def device_data(task: MnistTask, device: str):
             got = _DATA.get(key)
             if got is None:
                 parts = [task.partition(i) for i in range(task.num_workers)]
-                sizes = [int(y.shape[0]) for _, y in parts]
-                starts = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+                starts, sizes = partition_layout(task)
                 X = torch.cat([x for x, _ in parts]).to(device)
                 Y = torch.cat([y for _, y in parts]).to(device)
-                got = _DATA[key] = (X, Y, starts, np.asarray(sizes, np.int64))
+                got = _DATA[key] = (X, Y, starts, sizes)
     return got
 
 
