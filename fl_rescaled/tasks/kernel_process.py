@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from pathlib import Path
 
 import numpy as np
 
@@ -56,12 +57,21 @@ def _layout(size: int, batch: int, slots: int) -> dict[str, tuple[int, np.dtype,
     return out
 
 
+def _child_env() -> dict[str, str]:
+    """This environment, with the folder that holds this ``fl_rescaled`` first on the worker's path
+    (a source checkout run from another folder imports the same code there)."""
+    env = os.environ.copy()
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join([root, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
+    return env
+
+
 def _room(folder: str, nbytes: int) -> bool:
     """Whether ``folder`` is writable with ``nbytes`` free (a container's /dev/shm may hold 64 MB only:
     writing past its end would kill the process, not raise)."""
     try:
         st = os.statvfs(folder)
-    except OSError:
+    except (OSError, AttributeError):  # (no such folder; no statvfs off POSIX)
         return False
     return os.access(folder, os.W_OK) and st.f_bavail * st.f_frsize >= nbytes
 
@@ -87,8 +97,7 @@ class KernelProcess:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "fl_rescaled.tasks.kernel_process", path, str(self.slots), str(size),
                  str(batch), spec],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=os.environ.copy(),
-                bufsize=0)
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=_child_env(), bufsize=0)
             self._lock = threading.Lock()
             self._inbox = bytearray()
             self._free = list(range(self.slots))[::-1]
