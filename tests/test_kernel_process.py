@@ -106,3 +106,42 @@ def test_a_worker_that_cannot_start_leaves_the_jobs_in_process(mnist_cache, monk
     assert _worker(15) is None
     said = [r.getMessage() for r in caplog.records if "could not start" in r.getMessage()]
     assert 1 <= len(said) <= kp.RESTARTS + 1  # said once per try, and the tries end
+
+
+def test_a_worker_that_hangs_or_answers_a_slot_not_ours_is_given_up(mnist_cache, monkeypatch, caplog, tmp_path):
+    """A stopped worker (SIGSTOP) is given up after ``TIMEOUT``; a fake worker that answers slot 999 at
+    once: both runs end on the bits of ``--workers 1``, each said in one WARNING line."""
+    import os
+    import signal
+    import stat
+    import sys
+
+    caplog.set_level(logging.WARNING, logger="flwr.fl_rescaled")
+    one = run(_spec(16, workers=1))
+    _same_bits(one, run(_spec(16, workers=2)))  # (starts the task's worker, which the next run reuses)
+    monkeypatch.setattr(kp, "TIMEOUT", 1.0)
+    submit = kp.KernelProcess.submit
+    sent = []
+
+    def submit_then_stop(self, model, rows):
+        slot = submit(self, model, rows)
+        sent.append(slot)
+        if len(sent) == 30:
+            os.kill(self._proc.pid, signal.SIGSTOP)
+        return slot
+
+    monkeypatch.setattr(kp.KernelProcess, "submit", submit_then_stop)
+    _same_bits(one, run(_spec(16, workers=2)))
+    assert any("no answer within 1 s" in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
+    monkeypatch.setattr(kp.KernelProcess, "submit", submit)
+
+    fake = tmp_path / "fake_worker.py"
+    fake.write_text("import struct, sys\nout = sys.stdout.buffer\nout.write(struct.pack('<i', 0x7FFFFFF0)); out.flush()\n"
+                    "while len(sys.stdin.buffer.read(4)) == 4:\n    out.write(struct.pack('<i', 999)); out.flush()\n")
+    exe = tmp_path / "python"
+    exe.write_text(f"#!/bin/sh\nexec {sys.executable} {fake} \"$@\"\n")
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setattr(kp.sys, "executable", str(exe))
+    caplog.clear()
+    _same_bits(run(_spec(17, workers=1)), run(_spec(17, workers=2)))
+    assert any("it answered slot 999" in r.getMessage() for r in caplog.records)
