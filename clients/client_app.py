@@ -120,7 +120,7 @@ def batch_chunk(msg: Message) -> int | None:
 
 
 class _InWorker:
-    """A CPU MNIST gradient job sent to the task's worker process when it was pushed."""
+    """A CPU MNIST job (a gradient, or local SGD steps) sent to the task's worker process when it was pushed."""
 
     __slots__ = ("msg", "worker", "slot", "keys", "examples", "t0")
 
@@ -136,13 +136,15 @@ class _InWorker:
 
 
 def launch(msg: Message, context: Context) -> _InWorker | None:
-    """Start a CPU MNIST gradient job in the task's worker process (``fl_rescaled.tasks.kernel_process``);
-    None for any other job, or when no worker can take it (it then waits for its batch)."""
+    """Start a CPU MNIST job (a gradient or local SGD steps) in the task's worker process
+    (``fl_rescaled.tasks.kernel_process``); None for any other job, or when no worker can take it
+    (it then waits for its batch)."""
     t0 = time.perf_counter()
     content = msg.content
     cfg: ConfigRecord = content["config"]
-    if cfg.get("mode", "gradient") != "gradient" or cfg.get("emulate", ""):
+    if cfg.get("emulate", ""):
         return None
+    steps = int(cfg["local-steps"]) if cfg.get("mode", "gradient") == "local" else 0
     spec = str(cfg["task"])
     task = get_task(spec)
     if type(task) is not MnistTask or resolve_device(str(cfg.get("device", "cpu"))) != "cpu":
@@ -154,9 +156,12 @@ def launch(msg: Message, context: Context) -> _InWorker | None:
     arrays_key = next(k for k, v in content.items() if isinstance(v, ArrayRecord))
     (key, arr), = content[arrays_key].items()
     starts, sizes = partition_layout(task)
-    rows = minibatch_rows(starts, sizes, [pid], [job_rng(task, pid, int(cfg["job-seq"]))], task.batch_size)
-    slot = worker.submit(decode_array(arr), rows[0])
-    return None if slot is None else _InWorker(msg, worker, slot, (arrays_key, key), task.batch_size, t0)
+    rng = job_rng(task, pid, int(cfg["job-seq"]))  # (a step's rows after the last step's, as mnist_jobs draws them)
+    rows = [minibatch_rows(starts, sizes, [pid], [rng], task.batch_size)[0] for _ in range(max(steps, 1))]
+    slot = worker.submit(decode_array(arr), np.stack(rows), steps, float(cfg.get("local-lr", 0.0)),
+                         float(cfg.get("prox", 0.0)))
+    examples = max(steps, 1) * task.batch_size
+    return None if slot is None else _InWorker(msg, worker, slot, (arrays_key, key), examples, t0)
 
 
 def _reply(msg: Message, keys: tuple[str, str], out: np.ndarray, loss: float, examples: int,

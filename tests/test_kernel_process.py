@@ -57,8 +57,8 @@ def test_a_worker_that_dies_mid_run_changes_nothing(mnist_cache, monkeypatch, ca
     sent = []
     submit = kp.KernelProcess.submit
 
-    def submit_then_die(self, model, rows):
-        slot = submit(self, model, rows)
+    def submit_then_die(self, *args):
+        slot = submit(self, *args)
         sent.append(slot)
         if len(sent) == 40:
             self._proc.kill()  # the jobs it holds are computed in process; a new worker takes the next
@@ -123,8 +123,8 @@ def test_a_worker_that_hangs_or_answers_a_slot_not_ours_is_given_up(mnist_cache,
     submit = kp.KernelProcess.submit
     sent = []
 
-    def submit_then_stop(self, model, rows):
-        slot = submit(self, model, rows)
+    def submit_then_stop(self, *args):
+        slot = submit(self, *args)
         sent.append(slot)
         if len(sent) == 30:
             os.kill(self._proc.pid, signal.SIGSTOP)
@@ -145,3 +145,13 @@ def test_a_worker_that_hangs_or_answers_a_slot_not_ours_is_given_up(mnist_cache,
     caplog.clear()
     _same_bits(run(_spec(17, workers=1)), run(_spec(17, workers=2)))
     assert any("it answered slot 999" in r.getMessage() for r in caplog.records)
+
+
+def test_local_training_in_the_worker_has_the_bits_of_one_process(mnist_cache):
+    """FedBuff with model replies (3 local SGD steps, a proximal term): the worker trains the jobs."""
+    kw = dict(strategy="fedbuff", budget=12, eval_every=6, local_steps=3, prox=0.01)
+    one, two = run(_spec(18, **kw, workers=1)), run(_spec(18, **kw, workers=2))
+    assert one["num_updates"] == two["num_updates"] > 5
+    np.testing.assert_array_equal(one["final_model"], two["final_model"])
+    assert [h["loss"] for h in one["history"]] == [h["loss"] for h in two["history"]]
+    assert _worker(18).answered >= two["trainings"] - 10  # every training but the jobs in flight at the end

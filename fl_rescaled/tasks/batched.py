@@ -145,18 +145,28 @@ def mnist_jobs(task: MnistTask, xs: Sequence[np.ndarray], workers: Sequence[int]
         xb, yb = mnist_minibatches(task, workers, rngs, task.batch_size, device)
         g, loss = mlp_gradients(x, xb, yb)
         return g.cpu().numpy(), loss.double().cpu().numpy()
+    batches = (mnist_minibatches(task, workers, rngs, task.batch_size, device) for _ in range(int(steps)))
+    y, loss = local_steps(x, batches, lr, prox)
+    return y.cpu().numpy(), loss.cpu().numpy()
+
+
+def local_steps(x, batches, lr: float, prox: float):
+    """Local SGD from the (B, P) models ``x``, one step per (images, labels) of ``batches``, drawn as
+    they are needed: (the (B, P) models after the steps, their (B,) mean losses in float64).
+    ``local_sgd``'s arithmetic: Δ accumulates ``lr · (g + prox · (y − x))``, y = x − Δ."""
+    import torch
+
     delta = torch.zeros_like(x)
     y = x
     losses = []
-    for _ in range(int(steps)):
-        xb, yb = mnist_minibatches(task, workers, rngs, task.batch_size, device)
+    for xb, yb in batches:
         g, loss = mlp_gradients(y, xb, yb)
         losses.append(loss.double())
         if prox:
             g = g + prox * (y - x)
         delta += lr * g
         y = x - delta
-    return y.cpu().numpy(), torch.stack(losses).mean(0).cpu().numpy()
+    return y, torch.stack(losses).mean(0)
 
 
 def quadratic_gradients(task: QuadraticTask, xs: Sequence[np.ndarray], workers: Sequence[int],

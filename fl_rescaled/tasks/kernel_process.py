@@ -4,9 +4,10 @@ The event loop's Python holds the GIL; a kernel on a thread of the same process 
 every torch op, so in one process the two never overlap (``benchmarks/bench_gil.py``). A worker
 process has its own interpreter: the main process writes a job's model and minibatch rows into a
 slot of a shared-memory file, sends the slot's number through the worker's stdin, and reads the
-gradient from the slot when the job's reply is pulled. The worker computes exactly the one-job
-batched kernel of the in-process path (``batched.mlp_gradients`` on one model, one torch thread), on
-data it loads itself from the task's spec, so the bits are the same.
+gradient (or, for a job of local SGD steps, the trained model) from the slot when the job's reply is
+pulled. The worker computes exactly the one-job batched kernels of the in-process path
+(``batched.mlp_gradients``, ``batched.local_steps`` on one model, one torch thread), on data it loads
+itself from the task's spec, so the bits are the same.
 
 The worker is started with ``python -m fl_rescaled.tasks.kernel_process``, never by re-importing the
 caller's main module (as multiprocessing's spawn would), and it is shared by every run of the process
@@ -30,12 +31,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .batched import device_data, mlp_gradients
+from .batched import device_data, local_steps, mlp_gradients
 from .registry import get_task
 
 #: Slots of one worker: jobs sent and not yet collected (two model-sized arrays each: 128 MNIST slots
 #: are 104 MB); with all of them taken a job runs in process.
 SLOTS = 128
+#: The most local SGD steps a job sent to the worker may take (a job with more runs in process).
+MAX_STEPS = 16
 #: Seconds without an answer after which a worker is given up (its jobs are computed in process).
 TIMEOUT = 120.0
 _READY, _STOP, _FAILED = 0x7FFFFFF0, -1, 0x40000000
@@ -47,10 +50,12 @@ class KernelProcessError(RuntimeError):
 
 
 def _layout(size: int, batch: int, slots: int) -> dict[str, tuple[int, np.dtype, tuple[int, ...]]]:
-    """Where each array of the shared file lies: name -> (offset, dtype, shape)."""
+    """Where each array of the shared file lies: name -> (offset, dtype, shape). ``job``: the job's
+    local steps (0: a gradient), learning rate and proximal weight."""
     out, offset = {}, 0
     for name, dtype, shape in (("models", np.float32, (slots, size)), ("grads", np.float32, (slots, size)),
-                               ("rows", np.int64, (slots, batch)), ("losses", np.float64, (slots,))):
+                               ("rows", np.int64, (slots, MAX_STEPS * batch)), ("job", np.float64, (slots, 3)),
+                               ("losses", np.float64, (slots,))):
         out[name] = (offset, np.dtype(dtype), shape)
         offset += int(np.prod(shape)) * np.dtype(dtype).itemsize
     out["total"] = (offset, np.dtype(np.uint8), ())
@@ -139,14 +144,19 @@ class KernelProcess:
             pass
 
     # -- jobs
-    def submit(self, model: np.ndarray, rows: np.ndarray) -> int | None:
-        """Send one job; its slot, or None when every slot is taken (compute it in process)."""
+    def submit(self, model: np.ndarray, rows: np.ndarray, steps: int = 0, lr: float = 0.0,
+               prox: float = 0.0) -> int | None:
+        """Send one job: a gradient at ``model`` on the minibatch ``rows`` (``steps`` = 0), or
+        ``steps`` local SGD steps (``batched.local_steps``), one row of ``rows`` each. Its slot, or None
+        when every slot is taken or it has too many steps (compute it in process)."""
+        rows = np.asarray(rows, np.int64).reshape(max(steps, 1), -1)
         with self._lock:
-            if self.broken or not self._free:
+            if self.broken or not self._free or steps > MAX_STEPS:
                 return None
             slot = self._free.pop()
             self.arrays["models"][slot] = model
-            self.arrays["rows"][slot] = rows
+            self.arrays["rows"][slot, :rows.size] = rows.reshape(-1)
+            self.arrays["job"][slot] = (steps, lr, prox)
             try:
                 self._proc.stdin.write(struct.pack("<i", slot))
                 self._proc.stdin.flush()
@@ -250,7 +260,9 @@ def _serve(path: str, slots: int, size: int, batch: int, spec: str) -> None:
     task = get_task(spec)
     X, Y, _, _ = device_data(task, "cpu")
     mem = np.memmap(path, dtype=np.uint8, mode="r+")
-    a = {k: torch.from_numpy(v) for k, v in _views(mem, _layout(size, batch, slots)).items()}
+    views = _views(mem, _layout(size, batch, slots))
+    job = views.pop("job")
+    a = {k: torch.from_numpy(v) for k, v in views.items()}
     out.write(struct.pack("<i", _READY))
     inp = sys.stdin.buffer
     while True:
@@ -261,11 +273,18 @@ def _serve(path: str, slots: int, size: int, batch: int, spec: str) -> None:
         if slot < 0:
             return
         try:
-            idx = a["rows"][slot]
-            g, loss = mlp_gradients(a["models"][slot:slot + 1], X.index_select(0, idx).view(1, batch, -1),
-                                    Y.index_select(0, idx).view(1, batch))
-            a["grads"][slot].copy_(g[0])
-            a["losses"][slot] = loss.double()[0]
+            steps, lr, prox = (float(v) for v in job[slot])
+            rows = a["rows"][slot].view(-1, batch)
+            batches = ((X.index_select(0, rows[q]).view(1, batch, -1), Y.index_select(0, rows[q]).view(1, batch))
+                       for q in range(max(int(steps), 1)))
+            x = a["models"][slot:slot + 1]
+            if steps:
+                y, loss = local_steps(x, batches, lr, prox)
+            else:
+                y, loss = mlp_gradients(x, *next(batches))
+                loss = loss.double()
+            a["grads"][slot].copy_(y[0])
+            a["losses"][slot] = loss[0]
             out.write(struct.pack("<i", slot))
         except Exception:  # noqa: BLE001 - the caller computes this job in process
             out.write(struct.pack("<i", slot | _FAILED))
