@@ -13,7 +13,7 @@ same reply on any transport and in any process.
 The app is a ``BatchedClientApp``: Flower's runtimes call ``train`` one message at a time, the
 in-process Grid answers the MNIST and quadratic jobs in flight with ``train_many`` in one call
 (``fl_rescaled.tasks.batched``: the same replies up to float rounding), and with ``workers`` ≥ 2 it
-sends each CPU MNIST gradient job to a worker process when it is pushed (``launch``:
+sends each CPU MNIST job to a worker process when it is pushed (``launch``:
 ``fl_rescaled.tasks.kernel_process``, the same bits). ``device`` in the job config
 (``cpu``, ``cuda``, ``auto``; the ``--device`` option) says where the MNIST kernels run.
 """

@@ -119,7 +119,7 @@ class RunSpec:
     ttl: float = setting(3600.0, "seconds a job may take before it counts as lost", positive=True)
     workers: int | None = setting(None, "in-process Grid, virtual clock: threads that run the evaluations while the "
                                         "event loop goes on, and with --ahead the jobs in flight too; from 2, the "
-                                        "MNIST gradients go to a second process (default: the machine's cores; 1: "
+                                        "MNIST jobs go to a second process (default: the machine's cores; 1: "
                                         "everything in turn); the trajectory is the same for any value",
                                   low=1, high=1024)
     ahead: bool = setting(False, "compute the jobs in flight on the --workers threads as soon as they are sent (pays "
