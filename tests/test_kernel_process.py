@@ -155,3 +155,28 @@ def test_local_training_in_the_worker_has_the_bits_of_one_process(mnist_cache):
     np.testing.assert_array_equal(one["final_model"], two["final_model"])
     assert [h["loss"] for h in one["history"]] == [h["loss"] for h in two["history"]]
     assert _worker(18).answered >= two["trainings"] - 10  # every training but the jobs in flight at the end
+
+
+def test_jobs_the_worker_cannot_compute_run_in_process_and_free_no_slot_early(mnist_cache, monkeypatch, caplog,
+                                                                             tmp_path):
+    """A fake worker that answers every job "could not compute", jobs pulled out of the order they were
+    sent: each is computed in process as soon as it is pulled (no wait for the timeout), the run ends on
+    the bits of ``--workers 1``, and one WARNING line says so."""
+    import stat
+    import sys
+
+    caplog.set_level(logging.WARNING, logger="flwr.fl_rescaled")
+    fake = tmp_path / "failing_worker.py"
+    fake.write_text("import struct, sys\nout = sys.stdout.buffer\nout.write(struct.pack('<i', 0x7FFFFFF0)); out.flush()\n"
+                    "while len(d := sys.stdin.buffer.read(4)) == 4:\n"
+                    "    out.write(struct.pack('<i', struct.unpack('<i', d)[0] | 0x40000000)); out.flush()\n")
+    exe = tmp_path / "python"
+    exe.write_text(f"#!/bin/sh\nexec {sys.executable} {fake} \"$@\"\n")
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    one = run(_spec(19, workers=1))
+    monkeypatch.setattr(kp.sys, "executable", str(exe))
+    monkeypatch.setattr(kp, "TIMEOUT", 5.0)
+    _same_bits(one, run(_spec(19, workers=2)))
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum("could not compute a job" in ln for ln in lines) == 1
+    assert not any("no answer within" in ln for ln in lines)

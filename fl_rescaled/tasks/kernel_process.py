@@ -108,6 +108,8 @@ class KernelProcess:
             self._free = list(range(self.slots))[::-1]
             self._done: set[int] = set()
             self._abandoned: set[int] = set()
+            self._failed: set[int] = set()  # answered "could not compute", not yet asked for
+            self._said_failed = False
             self.broken = self.started = False
             self.answered = 0  # jobs whose results were collected
             if self._read() != _READY:
@@ -169,6 +171,10 @@ class KernelProcess:
         """The job's gradient (a copy) and loss; the slot is free again after it."""
         with self._lock:
             while slot not in self._done:
+                if slot in self._failed:
+                    self._failed.discard(slot)
+                    self._free.append(slot)
+                    raise KernelProcessError("the kernel process could not compute the job")
                 if self.broken:
                     raise KernelProcessError("the kernel process is gone")
                 got = self._read()
@@ -181,9 +187,11 @@ class KernelProcess:
                     self._abandoned.discard(got)
                     self._free.append(got)
                 elif failed:
-                    self._free.append(got)
-                    if got == slot:
-                        raise KernelProcessError("the kernel process could not compute the job")
+                    self._failed.add(got)  # (its owner hears it when it asks: the slot stays taken till then)
+                    if not self._said_failed:
+                        self._said_failed = True
+                        log.warning("The MNIST gradients' worker process could not compute a job: such jobs run "
+                                    "in this process, with the same results.")
                 else:
                     self._done.add(got)
             self._done.discard(slot)
@@ -196,8 +204,9 @@ class KernelProcess:
     def abandon(self, slot: int) -> None:
         """Forget a job sent and no longer wanted (its slot is free once the worker answers it)."""
         with self._lock:
-            if slot in self._done:
+            if slot in self._done or slot in self._failed:
                 self._done.discard(slot)
+                self._failed.discard(slot)
                 self._free.append(slot)
             else:
                 self._abandoned.add(slot)
