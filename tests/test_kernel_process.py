@@ -180,3 +180,28 @@ def test_jobs_the_worker_cannot_compute_run_in_process_and_free_no_slot_early(mn
     lines = [r.getMessage() for r in caplog.records]
     assert sum("could not compute a job" in ln for ln in lines) == 1
     assert not any("no answer within" in ln for ln in lines)
+
+
+def test_a_forked_child_starts_its_own_worker_and_leaves_its_parents_alone(mnist_cache):
+    """After a run with the worker, a child forked from this process runs with ``--workers 2``: it gets
+    its own worker (the parent's pipes untouched), both runs end on the same bits, and the parent's
+    worker still answers afterwards."""
+    import multiprocessing as mp
+
+    parent = run(_spec(20, workers=2))
+    mine = _worker(20)
+    assert mine is not None and mine.answered > 0
+    ctx = mp.get_context("fork")
+    with ctx.Pool(1) as pool:
+        child = pool.apply(_final_model_and_worker_pid, (20,))
+    np.testing.assert_array_equal(parent["final_model"], child[0])
+    assert child[1] not in (None, mine._proc.pid)
+    again = run(_spec(20, workers=2))
+    np.testing.assert_array_equal(parent["final_model"], again["final_model"])
+    assert _worker(20) is mine and not mine.broken
+
+
+def _final_model_and_worker_pid(seed: int):
+    out = run(_spec(seed, workers=2))
+    worker = _worker(seed)
+    return out["final_model"], None if worker is None else worker._proc.pid

@@ -91,6 +91,7 @@ class KernelProcess:
 
     def __init__(self, spec: str, size: int, batch: int, slots: int = SLOTS) -> None:
         self.spec, self.slots = spec, int(slots)
+        self._owner = os.getpid()  # (a forked child must not speak on its parent's pipes)
         layout = _layout(size, batch, self.slots)
         folder = "/dev/shm" if _room("/dev/shm", 2 * layout["total"][0]) else None  # (else a temporary file)
         fd, path = tempfile.mkstemp(prefix="fl-rescaled-kernel-", dir=folder)
@@ -152,6 +153,8 @@ class KernelProcess:
         ``steps`` local SGD steps (``batched.local_steps``), one row of ``rows`` each. Its slot, or None
         when every slot is taken or it has too many steps (compute it in process)."""
         rows = np.asarray(rows, np.int64).reshape(max(steps, 1), -1)
+        if os.getpid() != self._owner:
+            return None
         with self._lock:
             if self.broken or not self._free or steps > MAX_STEPS:
                 return None
@@ -169,6 +172,8 @@ class KernelProcess:
 
     def result(self, slot: int) -> tuple[np.ndarray, float]:
         """The job's gradient (a copy) and loss; the slot is free again after it."""
+        if os.getpid() != self._owner:
+            raise KernelProcessError("this worker belongs to the process this one was forked from")
         with self._lock:
             while slot not in self._done:
                 if slot in self._failed:
@@ -203,6 +208,8 @@ class KernelProcess:
 
     def abandon(self, slot: int) -> None:
         """Forget a job sent and no longer wanted (its slot is free once the worker answers it)."""
+        if os.getpid() != self._owner:
+            return
         with self._lock:
             if slot in self._done or slot in self._failed:
                 self._done.discard(slot)
@@ -212,6 +219,8 @@ class KernelProcess:
                 self._abandoned.add(slot)
 
     def close(self) -> None:
+        if os.getpid() != self._owner:
+            return
         self.broken = True
         try:
             self._proc.stdin.write(struct.pack("<i", _STOP))
@@ -249,6 +258,17 @@ def worker_for(spec: str, size: int, batch: int) -> KernelProcess | None:
                         "with the same results.", exc)
             return None
         return got
+
+
+def _forget_after_fork() -> None:
+    """In a forked child: the parent's workers are not this process's (it starts its own)."""
+    global _WORKERS_LOCK  # noqa: PLW0603 - (a lock another thread held at the fork stays held in the child)
+    _WORKERS_LOCK = threading.Lock()
+    _WORKERS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 @atexit.register
