@@ -17,9 +17,9 @@ torch thread per kernel):
    Python thread (eager ops: the GIL is taken back after every op) or forked from the main thread;
 4. how long a forked task takes to complete while the main thread runs Python, at the default and a
    short ``sys.setswitchinterval``;
-5. for contrast, the kernel in a second process: the main process writes each job's model and rows
-   into shared memory, sends the slot number through a pipe, does its Python, and collects the job
-   0, 1 or 3 jobs later.
+5. for contrast, the kernel in the project's worker process (``fl_rescaled.tasks.kernel_process``):
+   the main process writes each job's model and rows into shared memory, sends the slot number
+   through a pipe, does its Python, and collects the job 0, 1 or 3 jobs later.
 
     python benchmarks/bench_gil.py [--jobs 1500] [--python-us 300]
 
@@ -38,8 +38,11 @@ import warnings
 import numpy as np
 import torch
 
-from fl_rescaled.tasks import client_rng, get_task
+from fl_rescaled.tasks import client_rng, get_task, task_spec
 from fl_rescaled.tasks.batched import device_data, mlp_gradients
+from fl_rescaled.tasks.kernel_process import KernelProcess
+
+TASK = {"task": "mnist", "seed": 0, "num-partitions": 10, "batch-size": 64, "dirichlet-alpha": 0.0}
 
 
 def kernel_inputs(X: torch.Tensor, Y: torch.Tensor, idx: torch.Tensor, ws: list[torch.Tensor], one: float):
@@ -83,58 +86,28 @@ def first_layer_addmm(xb: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return torch.relu(torch.addmm(w[100352:100480], xb, w[0:100352].view(128, 784).t()))
 
 
-def kernel_worker(conn, slots) -> None:
-    """A second process: computes the one-job gradient of the model in slot s on its rows, into slot s."""
-    torch.set_num_threads(1)
-    task = get_task({"task": "mnist", "seed": 0, "num-partitions": 10, "batch-size": 64, "dirichlet-alpha": 0.0})
-    X, Y, _, _ = device_data(task, "cpu")
-    W, IDX, G, L = slots
-    conn.send("ready")
-    while (s := conn.recv()) is not None:
-        idx = IDX[s]
-        g, loss = mlp_gradients(W[s:s + 1], X.index_select(0, idx).view(1, idx.shape[0], -1),
-                                Y.index_select(0, idx).view(1, idx.shape[0]))
-        G[s].copy_(g[0])
-        L[s] = loss[0]
-        conn.send(s)
-
-
 def process_pipeline(x0: torch.Tensor, sizes, starts, work, us: float, depth: int, n: int) -> float:
-    """µs per job when the main process writes each job's model and rows into shared memory, hands
-    the slot to a worker process, does ``us`` µs of ``work`` and collects the job ``depth`` − 1 jobs later
-    (copying its gradient out, as a reply's encoding does)."""
-    import multiprocessing as mp
-
-    k, m = depth + 2, 64
-    W = torch.zeros(k, x0.shape[0]).share_memory_()
-    IDX = torch.zeros(k, m, dtype=torch.int64).share_memory_()
-    G = torch.zeros(k, x0.shape[0]).share_memory_()
-    L = torch.zeros(k, dtype=torch.float32).share_memory_()
-    conn, child = mp.get_context("spawn").Pipe()
-    proc = mp.get_context("spawn").Process(target=kernel_worker, args=(child, (W, IDX, G, L)), daemon=True)
-    proc.start()
+    """µs per job when the main process sends each job to the project's worker process
+    (``fl_rescaled.tasks.kernel_process``: model and rows into a shared-memory slot, the slot's number
+    through a pipe), does ``us`` µs of ``work`` and collects the job ``depth`` − 1 jobs later (its
+    gradient copied out, as a reply's encoding copies it)."""
+    task = get_task(TASK)
+    worker = KernelProcess(task_spec(TASK), task.size, task.batch_size, slots=depth + 2)
     try:
-        assert conn.recv() == "ready"
         x = x0.numpy()
         inflight: list[int] = []
         t0 = time.perf_counter()
         for j in range(n):
-            s = j % k
-            W[s].numpy()[:] = x
-            IDX[s].numpy()[:] = client_rng(0, j % 10, j).choice(int(sizes[j % 10]), m, replace=False) + starts[j % 10]
-            conn.send(s)
-            inflight.append(s)
+            rows = client_rng(0, j % 10, j).choice(int(sizes[j % 10]), 64, replace=False) + starts[j % 10]
+            inflight.append(worker.submit(x, rows))
             work(us)
             if len(inflight) >= depth:
-                inflight.pop(0)
-                bytes(G[conn.recv()].numpy())
+                worker.result(inflight.pop(0))
         while inflight:
-            inflight.pop(0)
-            conn.recv()
+            worker.result(inflight.pop(0))
         return (time.perf_counter() - t0) / n * 1e6
     finally:
-        conn.send(None)
-        proc.join(timeout=10)
+        worker.close()
 
 
 def main() -> None:
@@ -155,7 +128,7 @@ def main() -> None:
             return torch.jit.fork(script, X, Y, idx, ws, one)
 
         launcher = torch.jit.script(launch)
-    task = get_task({"task": "mnist", "seed": 0, "num-partitions": 10, "batch-size": 64, "dirichlet-alpha": 0.0})
+    task = get_task(TASK)
     X, Y, starts, sizes = device_data(task, "cpu")
     x0 = torch.from_numpy(task.initial_params(0))
 
@@ -260,7 +233,7 @@ def main() -> None:
               f"{solo['scripted, forked and waited']:.0f})")
 
 
-    print(f"5. the kernel in a second process (shared-memory models, a pipe for the slot numbers), beside "
+    print(f"5. the kernel in the project's worker process (shared-memory models, a pipe for the slot numbers), beside "
           f"{us:.0f} µs of main-thread pure Python per job, µs per job (in process, serial: about "
           f"{solo['eager'] + us:.0f}):")
     for depth in (1, 2, 4):

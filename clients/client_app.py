@@ -38,6 +38,15 @@ add_partition_query(app)
 CPU_CHUNK = 4
 
 
+def job_model(msg: Message) -> tuple[tuple[str, str], np.ndarray]:
+    """The job's model: ((its ArrayRecord's key, its array's key), the flat array). The tasks here keep
+    their model in one flat array."""
+    content = msg.content
+    arrays_key = next(k for k, v in content.items() if isinstance(v, ArrayRecord))
+    (key, arr), = content[arrays_key].items()
+    return (arrays_key, key), decode_array(arr)
+
+
 def partition_id(context: Context) -> int:
     return int(context.node_config.get("partition-id", 0))
 
@@ -62,13 +71,10 @@ def _emulate_compute_time(kind: str, cfg: ConfigRecord, context: Context, seed: 
 def train(msg: Message, context: Context) -> Message:
     """Compute one stochastic gradient at the received model (or train locally) and reply."""
     t0 = time.perf_counter()
-    content = msg.content
-    cfg: ConfigRecord = content["config"]
+    cfg: ConfigRecord = msg.content["config"]
     task = get_task(str(cfg["task"]))
     pid = partition_id(context)
-    arrays_key = next(k for k, v in content.items() if isinstance(v, ArrayRecord))
-    (key, arr), = content[arrays_key].items()  # the tasks here keep their model in one flat array
-    x = decode_array(arr)
+    keys, x = job_model(msg)
     seq = int(cfg["job-seq"])
     rng = job_rng(task, pid, seq) if getattr(task, "needs_rng", True) else None
     device = resolve_device(str(cfg.get("device", "cpu")))
@@ -91,7 +97,7 @@ def train(msg: Message, context: Context) -> Message:
     emulate = cfg.get("emulate", "")
     if emulate:
         _emulate_compute_time(str(emulate), cfg, context, task.seed, pid, seq, t0)
-    return _reply(msg, (arrays_key, key), np.asarray(out), loss, examples, time.perf_counter() - t0)
+    return _reply(msg, keys, np.asarray(out), loss, examples, time.perf_counter() - t0)
 
 
 def batch_key(msg: Message):
@@ -140,8 +146,7 @@ def launch(msg: Message, context: Context) -> _InWorker | None:
     (``fl_rescaled.tasks.kernel_process``); None for any other job, or when no worker can take it
     (it then waits for its batch)."""
     t0 = time.perf_counter()
-    content = msg.content
-    cfg: ConfigRecord = content["config"]
+    cfg: ConfigRecord = msg.content["config"]
     if cfg.get("emulate", ""):
         return None
     steps = int(cfg["local-steps"]) if cfg.get("mode", "gradient") == "local" else 0
@@ -153,15 +158,13 @@ def launch(msg: Message, context: Context) -> _InWorker | None:
     if worker is None:
         return None
     pid = partition_id(context)
-    arrays_key = next(k for k, v in content.items() if isinstance(v, ArrayRecord))
-    (key, arr), = content[arrays_key].items()
+    keys, x = job_model(msg)
     starts, sizes = partition_layout(task)
     rng = job_rng(task, pid, int(cfg["job-seq"]))  # (a step's rows after the last step's, as mnist_jobs draws them)
     rows = [minibatch_rows(starts, sizes, [pid], [rng], task.batch_size)[0] for _ in range(max(steps, 1))]
-    slot = worker.submit(decode_array(arr), np.stack(rows), steps, float(cfg.get("local-lr", 0.0)),
-                         float(cfg.get("prox", 0.0)))
+    slot = worker.submit(x, np.stack(rows), steps, float(cfg.get("local-lr", 0.0)), float(cfg.get("prox", 0.0)))
     examples = max(steps, 1) * task.batch_size
-    return None if slot is None else _InWorker(msg, worker, slot, (arrays_key, key), examples, t0)
+    return None if slot is None else _InWorker(msg, worker, slot, keys, examples, t0)
 
 
 def _reply(msg: Message, keys: tuple[str, str], out: np.ndarray, loss: float, examples: int,
@@ -184,12 +187,10 @@ def train_many(msgs: list[Message], contexts: list[Context]) -> list[Message]:
     pids = [partition_id(c) for c in contexts]
     keys, xs, rngs = [], [], []
     for msg, pid in zip(msgs, pids):
-        content = msg.content
-        arrays_key = next(k for k, v in content.items() if isinstance(v, ArrayRecord))
-        (key, arr), = content[arrays_key].items()
-        keys.append((arrays_key, key))
-        xs.append(decode_array(arr))
-        seq = int(content["config"]["job-seq"])
+        k, x = job_model(msg)
+        keys.append(k)
+        xs.append(x)
+        seq = int(msg.content["config"]["job-seq"])
         rngs.append(job_rng(task, pid, seq) if getattr(task, "needs_rng", True) else None)
     if type(task) is QuadraticTask:
         outs, losses = quadratic_gradients(task, xs, pids, rngs)

@@ -74,7 +74,6 @@ class LazyBatches:
         self.formed = 0
         self.calls = 0
         self.jobs = 0
-        self.launched_jobs = 0  # jobs answered by their launch (``BatchEntry.launch``)
 
     def push(self, mid: str, msg: Message) -> bool:
         """Hold ``msg`` until it is pulled; False if it cannot be batched (the Grid runs it alone)."""
@@ -141,7 +140,6 @@ class LazyBatches:
             rep = started.reply()
         except Exception:  # noqa: BLE001 - (a worker process that died): the same job, in process
             rep = None
-        self.launched_jobs += rep is not None
         return self.grid._finish(msg, rep, ctx)
 
     def _compute(self, key: Hashable, mid: str) -> None:
