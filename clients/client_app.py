@@ -29,7 +29,8 @@ from fl_rescaled.batching import BatchedClientApp
 from fl_rescaled.layout import decode_array, encode_array
 from fl_rescaled.messages import JOB_TYPE, add_partition_query, plain_record
 from fl_rescaled.tasks import MnistTask, QuadraticTask, get_task, job_rng, local_sgd, scratch
-from fl_rescaled.tasks.batched import minibatch_rows, mnist_jobs, partition_layout, quadratic_gradients, resolve_device
+from fl_rescaled.tasks.batched import (device_data, mnist_jobs, partition_layout, quadratic_gradients, resolve_device,
+                                       rows_job)
 from fl_rescaled.tasks.kernel_process import worker_for
 
 app = BatchedClientApp()
@@ -126,16 +127,29 @@ def batch_chunk(msg: Message) -> int | None:
 
 
 class _InWorker:
-    """A CPU MNIST job (a gradient, or local SGD steps) sent to the task's worker process when it was pushed."""
+    """A CPU MNIST job (a gradient, or local SGD steps) sent to the task's worker process when it was pushed.
+    When its reply is wanted before the worker has started it, this process computes it instead, with
+    the worker's own function (``batched.rows_job``) and so the same bits."""
 
-    __slots__ = ("msg", "worker", "slot", "keys", "examples", "t0")
+    __slots__ = ("msg", "worker", "slot", "keys", "task", "x", "rows", "job", "t0")
 
-    def __init__(self, msg: Message, worker, slot: int, keys: tuple[str, str], examples: int, t0: float) -> None:
-        self.msg, self.worker, self.slot, self.keys, self.examples, self.t0 = msg, worker, slot, keys, examples, t0
+    def __init__(self, msg: Message, worker, slot: int, keys: tuple[str, str], task: MnistTask, x: np.ndarray,
+                 rows: np.ndarray, job: tuple[int, float, float], t0: float) -> None:
+        self.msg, self.worker, self.slot, self.keys, self.task = msg, worker, slot, keys, task
+        self.x, self.rows, self.job, self.t0 = x, rows, job, t0
 
     def reply(self) -> Message:
-        grad, loss = self.worker.result(self.slot)
-        return _reply(self.msg, self.keys, grad, loss, self.examples, time.perf_counter() - self.t0)
+        examples = max(self.job[0], 1) * self.task.batch_size
+        got = self.worker.result(self.slot, steal=True, use=lambda grad, loss: _reply(
+            self.msg, self.keys, grad, loss, examples, time.perf_counter() - self.t0))
+        if got is None:  # not started there: computed here
+            import torch
+
+            X, Y, _, _ = device_data(self.task, "cpu")
+            x = torch.from_numpy(np.array(self.x, np.float32)).view(1, -1)
+            y, loss = rows_job(X, Y, x, torch.from_numpy(self.rows), self.task.batch_size, *self.job)
+            got = _reply(self.msg, self.keys, y.numpy()[0], loss, examples, time.perf_counter() - self.t0)
+        return got
 
     def cancel(self) -> None:
         self.worker.abandon(self.slot)
@@ -154,6 +168,10 @@ def launch(msg: Message, context: Context) -> _InWorker | None:
     task = get_task(spec)
     if type(task) is not MnistTask or resolve_device(str(cfg.get("device", "cpu"))) != "cpu":
         return None
+    import torch  # (loaded: the task is MNIST)
+
+    if torch.get_num_threads() != 1:  # (the worker computes on one thread: the run's batches keep the bits then)
+        return None
     worker = worker_for(spec, task.size, task.batch_size)
     if worker is None:
         return None
@@ -161,10 +179,13 @@ def launch(msg: Message, context: Context) -> _InWorker | None:
     keys, x = job_model(msg)
     starts, sizes = partition_layout(task)
     rng = job_rng(task, pid, int(cfg["job-seq"]))  # (a step's rows after the last step's, as mnist_jobs draws them)
-    rows = [minibatch_rows(starts, sizes, [pid], [rng], task.batch_size)[0] for _ in range(max(steps, 1))]
-    slot = worker.submit(x, np.stack(rows), steps, float(cfg.get("local-lr", 0.0)), float(cfg.get("prox", 0.0)))
-    examples = max(steps, 1) * task.batch_size
-    return None if slot is None else _InWorker(msg, worker, slot, keys, examples, t0)
+    n, m = int(sizes[pid]), task.batch_size  # (``minibatch_rows`` for one job, step after step)
+    if n < m:
+        return None
+    rows = np.stack([rng.choice(n, m, replace=False) for _ in range(max(steps, 1))]) + starts[pid]
+    job = (steps, float(cfg.get("local-lr", 0.0)), float(cfg.get("prox", 0.0)))
+    slot = worker.submit(x, rows, *job)
+    return None if slot is None else _InWorker(msg, worker, slot, keys, task, x, rows, job, t0)
 
 
 def _reply(msg: Message, keys: tuple[str, str], out: np.ndarray, loss: float, examples: int,

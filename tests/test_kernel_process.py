@@ -14,7 +14,7 @@ import torch
 import fl_rescaled.tasks.kernel_process as kp
 from fl_rescaled.experiment import RunSpec, run
 from fl_rescaled.tasks import client_rng, get_task, mlp_gradient, task_spec
-from fl_rescaled.tasks.batched import device_data, minibatch_rows
+from fl_rescaled.tasks.batched import device_data, minibatch_rows, rows_job
 
 pytestmark = pytest.mark.mnist
 
@@ -44,7 +44,8 @@ def test_the_worker_answers_the_jobs_with_the_bits_of_one_process(mnist_cache):
     _same_bits(one, two)
     worker = _worker(11)
     assert worker is not None and not worker.broken
-    assert worker.answered >= two["num_updates"]  # every applied gradient came from the worker
+    # every applied gradient came from the worker, or from this process where it had not started the job
+    assert worker.answered > 0 and worker.answered + worker.stolen >= two["num_updates"]
     # the malenia strategy cancels jobs: their slots come back
     m1, m2 = (run(_spec(12, strategy="malenia", budget=80, eval_every=40, workers=w)) for w in (1, 2))
     assert m1["num_updates"] > 0
@@ -57,8 +58,8 @@ def test_a_worker_that_dies_mid_run_changes_nothing(mnist_cache, monkeypatch, ca
     sent = []
     submit = kp.KernelProcess.submit
 
-    def submit_then_die(self, *args):
-        slot = submit(self, *args)
+    def submit_then_die(self, *args, **kw):
+        slot = submit(self, *args, **kw)
         sent.append(slot)
         if len(sent) == 40:
             self._proc.kill()  # the jobs it holds are computed in process; a new worker takes the next
@@ -115,6 +116,7 @@ def test_a_worker_that_hangs_or_answers_a_slot_not_ours_is_given_up(mnist_cache,
     import signal
     import stat
     import sys
+    import time
 
     caplog.set_level(logging.WARNING, logger="flwr.fl_rescaled")
     one = run(_spec(16, workers=1))
@@ -123,11 +125,13 @@ def test_a_worker_that_hangs_or_answers_a_slot_not_ours_is_given_up(mnist_cache,
     submit = kp.KernelProcess.submit
     sent = []
 
-    def submit_then_stop(self, *args):
-        slot = submit(self, *args)
+    def submit_then_stop(self, *args, **kw):
+        slot = submit(self, *args, **kw)
         sent.append(slot)
         if len(sent) == 30:
             os.kill(self._proc.pid, signal.SIGSTOP)
+        if len(sent) == 31:  # (the jobs sent since are owed: the next one finds the worker silent, even
+            time.sleep(1.2)  # when every job it did not start is computed here instead of waited for)
         return slot
 
     monkeypatch.setattr(kp.KernelProcess, "submit", submit_then_stop)
@@ -154,7 +158,8 @@ def test_local_training_in_the_worker_has_the_bits_of_one_process(mnist_cache):
     assert one["num_updates"] == two["num_updates"] > 5
     np.testing.assert_array_equal(one["final_model"], two["final_model"])
     assert [h["loss"] for h in one["history"]] == [h["loss"] for h in two["history"]]
-    assert _worker(18).answered >= two["trainings"] - 10  # every training but the jobs in flight at the end
+    worker = _worker(18)  # every training but the jobs in flight at the end (some computed here: stolen)
+    assert worker.answered > 0 and worker.answered + worker.stolen >= two["trainings"] - 10
 
 
 def test_jobs_the_worker_cannot_compute_run_in_process_and_free_no_slot_early(mnist_cache, monkeypatch, caplog,
@@ -167,9 +172,14 @@ def test_jobs_the_worker_cannot_compute_run_in_process_and_free_no_slot_early(mn
 
     caplog.set_level(logging.WARNING, logger="flwr.fl_rescaled")
     fake = tmp_path / "failing_worker.py"
-    fake.write_text("import struct, sys\nout = sys.stdout.buffer\nout.write(struct.pack('<i', 0x7FFFFFF0)); out.flush()\n"
+    # (it marks each job taken, as the real worker does before computing: none is computed here instead)
+    fake.write_text("import struct, sys\nimport numpy as np\nfrom fl_rescaled.tasks.kernel_process import _layout, _views\n"
+                    "path, slots, size, batch = sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])\n"
+                    "taken = _views(np.memmap(path, dtype=np.uint8, mode='r+'), _layout(size, batch, slots))['taken']\n"
+                    "out = sys.stdout.buffer\nout.write(struct.pack('<i', 0x7FFFFFF0)); out.flush()\n"
                     "while len(d := sys.stdin.buffer.read(4)) == 4:\n"
-                    "    out.write(struct.pack('<i', struct.unpack('<i', d)[0] | 0x40000000)); out.flush()\n")
+                    "    slot = struct.unpack('<i', d)[0]\n    taken[slot] = 1\n"
+                    "    out.write(struct.pack('<i', slot | 0x40000000)); out.flush()\n")
     exe = tmp_path / "python"
     exe.write_text(f"#!/bin/sh\nexec {sys.executable} {fake} \"$@\"\n")
     exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
@@ -205,3 +215,56 @@ def _final_model_and_worker_pid(seed: int):
     out = run(_spec(seed, workers=2))
     worker = _worker(seed)
     return out["final_model"], None if worker is None else worker._proc.pid
+
+
+def test_a_job_the_worker_has_not_started_is_stolen_with_the_same_bits(mnist_cache):
+    """``result(steal=True)``: a job the (stopped) worker has not started is left to the caller, which
+    computes it with ``batched.rows_job`` to the worker's bits; the worker, continued, skips it and
+    its slot comes back. If the worker marked the job taken first, the caller waits for it instead and
+    hears it skipped (the race of both sides setting their flag at once) before computing it itself."""
+    import os
+    import signal
+
+    cfg = {"task": "mnist", "seed": 21, "num-partitions": 10, "batch-size": 64, "dirichlet-alpha": 0.0}
+    task = get_task(cfg)
+    X, Y, starts, sizes = device_data(task, "cpu")
+    worker = kp.KernelProcess(task_spec(cfg), task.size, task.batch_size, slots=4)
+    try:
+        x = task.initial_params(0)
+        rows = minibatch_rows(starts, sizes, [2], [client_rng(21, 2, 5)], 64)[0]
+        g, loss = worker.result(worker.submit(x, rows))  # (the worker's answer)
+        os.kill(worker._proc.pid, signal.SIGSTOP)
+        try:
+            a, b = worker.submit(x, rows), worker.submit(x, rows)
+            assert worker.result(a, steal=True) is None and worker.stolen >= 1
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)  # (the worker's: a run's jobs go there only on one torch thread)
+            try:
+                mine, my_loss = rows_job(X, Y, torch.from_numpy(x.copy()).view(1, -1),
+                                           torch.from_numpy(rows[None]), 64, 0, 0.0, 0.0)
+            finally:
+                torch.set_num_threads(threads)
+            assert mine.numpy()[0].tobytes() == g.tobytes() and my_loss == loss  # the worker's bits
+            # (as if both sides had set their flag at once: the worker skips it, this side waits for it)
+            worker.arrays["taken"][b] = worker.arrays["stolen"][b] = 1
+            stolen = worker.stolen
+        finally:
+            os.kill(worker._proc.pid, signal.SIGCONT)
+        assert worker.result(b, steal=True) is None and worker.stolen == stolen + 1  # heard skipped
+        for _ in range(4):  # every slot free again: four jobs computed by the worker
+            c = worker.submit(x, rows)
+            assert c is not None
+            assert worker.result(c)[0].tobytes() == g.tobytes()
+        assert not worker.broken
+    finally:
+        worker.close()
+
+
+def test_with_several_torch_threads_the_jobs_stay_in_process_with_the_bits_of_workers_1(mnist_cache):
+    """The worker computes on one torch thread; with ``--torch-threads 2`` a product's bits can depend on
+    the thread count and the batch, so the jobs stay in the run's lazy batches: ``--workers 2`` ends on
+    the bits of ``--workers 1`` (before, it sent them to the worker and did not)."""
+    one = run(_spec(22, workers=1, torch_threads=2))
+    two = run(_spec(22, workers=2, torch_threads=2))
+    _same_bits(one, two)
+    assert _worker(22) is None

@@ -101,11 +101,12 @@ def mnist_minibatches(task: MnistTask, workers: Sequence[int], rngs: Sequence[np
     return X.index_select(0, idx).view(len(workers), m, -1), Y.index_select(0, idx).view(len(workers), m)
 
 
-def mlp_gradients(w, xb, yb):
+def mlp_gradients(w, xb, yb, out=None):
     """The MLP's minibatch gradients of B jobs at once: (B, P) flat gradients and (B,) mean losses.
 
     ``w`` is (B, P) float32 (each row a model ``[W1, b1, W2, b2]``), ``xb`` (B, m, 784), ``yb`` (B, m);
-    the same steps as ``mlp_gradient``, one batched product per layer.
+    the same steps as ``mlp_gradient``, one batched product per layer. ``out``: a (B, P) float32 tensor
+    with contiguous rows, each starting 64-byte aligned, to write the gradients into.
     """
     import torch
 
@@ -121,7 +122,7 @@ def mlp_gradients(w, xb, yb):
     loss = -torch.log(py.clamp_min(1e-30)).mean(dim=(1, 2))
     p.scatter_(2, y1, py.sub_(1.0))
     p /= m
-    g = torch.empty(w.shape, dtype=torch.float32, device=w.device)
+    g = torch.empty(w.shape, dtype=torch.float32, device=w.device) if out is None else out
     gW1, gb1, gW2, gb2 = g.split(_SPLITS, dim=1)
     torch.bmm(p.transpose(1, 2), h, out=gW2.view(B, 10, 128))
     torch.sum(p, 1, out=gb2)
@@ -148,6 +149,19 @@ def mnist_jobs(task: MnistTask, xs: Sequence[np.ndarray], workers: Sequence[int]
     batches = (mnist_minibatches(task, workers, rngs, task.batch_size, device) for _ in range(int(steps)))
     y, loss = local_steps(x, batches, lr, prox)
     return y.cpu().numpy(), loss.cpu().numpy()
+
+
+def rows_job(X, Y, x, rows, batch: int, steps: int, lr: float, prox: float, out=None):
+    """One job as the worker process computes it (``kernel_process``): ``x`` a (1, P) float32 tensor, ``rows`` its minibatches' rows
+    in the images ``X`` and labels ``Y``. A gradient (``steps`` = 0, written into ``out`` when given) or
+    the model after ``steps`` local SGD steps, as (1, P), and the mean loss."""
+    batches = ((X.index_select(0, rows[q]).view(1, batch, -1), Y.index_select(0, rows[q]).view(1, batch))
+               for q in range(max(int(steps), 1)))
+    if steps:
+        y, loss = local_steps(x, batches, lr, prox)
+        return y, float(loss[0])
+    y, loss = mlp_gradients(x, *next(batches), out=out)
+    return y, float(loss.double()[0])
 
 
 def local_steps(x, batches, lr: float, prox: float):

@@ -27,11 +27,12 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
 
-from .batched import device_data, local_steps, mlp_gradients
+from .batched import device_data, rows_job
 from .registry import get_task
 
 #: Slots of one worker: jobs sent and not yet collected (two model-sized arrays each: 128 MNIST slots
@@ -41,7 +42,7 @@ SLOTS = 128
 MAX_STEPS = 16
 #: Seconds without an answer after which a worker is given up (its jobs are computed in process).
 TIMEOUT = 120.0
-_READY, _STOP, _FAILED = 0x7FFFFFF0, -1, 0x40000000
+_READY, _STOP, _FAILED, _SKIPPED = 0x7FFFFFF0, -1, 0x40000000, 0x20000000
 log = logging.getLogger("flwr.fl_rescaled")
 
 
@@ -50,15 +51,21 @@ class KernelProcessError(RuntimeError):
 
 
 def _layout(size: int, batch: int, slots: int) -> dict[str, tuple[int, np.dtype, tuple[int, ...]]]:
-    """Where each array of the shared file lies: name -> (offset, dtype, shape). ``job``: the job's
-    local steps (0: a gradient), learning rate and proximal weight."""
+    """Where each array of the shared file lies: name -> (offset, dtype, shape). Every slot's model and
+    gradient start on a 64-byte boundary (the worker computes the gradient in place, and a product's
+    last bit can depend on its buffer's alignment: ``tasks.base.scratch``). ``job``: the job's local
+    steps (0: a gradient), learning rate and proximal weight; ``taken``: set by the worker when it
+    starts a job, ``stolen``: set by the caller that computes the job itself (``result(steal=True)``)."""
     out, offset = {}, 0
-    for name, dtype, shape in (("models", np.float32, (slots, size)), ("grads", np.float32, (slots, size)),
+    padded = -(-size // 16) * 16
+    for name, dtype, shape in (("models", np.float32, (slots, padded)), ("grads", np.float32, (slots, padded)),
                                ("rows", np.int64, (slots, MAX_STEPS * batch)), ("job", np.float64, (slots, 3)),
-                               ("losses", np.float64, (slots,))):
+                               ("losses", np.float64, (slots,)), ("taken", np.int32, (slots,)),
+                               ("stolen", np.int32, (slots,))):
         out[name] = (offset, np.dtype(dtype), shape)
-        offset += int(np.prod(shape)) * np.dtype(dtype).itemsize
+        offset += -(-int(np.prod(shape)) * np.dtype(dtype).itemsize // 64) * 64
     out["total"] = (offset, np.dtype(np.uint8), ())
+    out["size"] = (size, np.dtype(np.uint8), ())
     return out
 
 
@@ -82,8 +89,11 @@ def _room(folder: str, nbytes: int) -> bool:
 
 
 def _views(mem: np.ndarray, layout: dict) -> dict[str, np.ndarray]:
-    return {name: np.ndarray(shape, dtype, buffer=mem, offset=offset)
-            for name, (offset, dtype, shape) in layout.items() if name != "total"}
+    size = layout["size"][0]
+    out = {name: np.ndarray(shape, dtype, buffer=mem, offset=offset)
+           for name, (offset, dtype, shape) in layout.items() if name not in ("total", "size")}
+    out["models"], out["grads"] = out["models"][:, :size], out["grads"][:, :size]
+    return out
 
 
 class KernelProcess:
@@ -110,9 +120,13 @@ class KernelProcess:
             self._done: set[int] = set()
             self._abandoned: set[int] = set()
             self._failed: set[int] = set()  # answered "could not compute", not yet asked for
+            self._skipped: set[int] = set()  # skipped by the worker as stolen, not yet asked for
             self._said_failed = False
             self.broken = self.started = False
             self.answered = 0  # jobs whose results were collected
+            self._owed = 0  # jobs sent and not answered yet
+            self._heard = time.monotonic()  # the last answer (or the first job sent since all were answered)
+            self.stolen = 0  # jobs left to the caller (``result(steal=True)``)
             if self._read() != _READY:
                 raise KernelProcessError("the kernel process did not start")
             self.started = True
@@ -150,15 +164,17 @@ class KernelProcess:
     def submit(self, model: np.ndarray, rows: np.ndarray, steps: int = 0, lr: float = 0.0,
                prox: float = 0.0) -> int | None:
         """Send one job: a gradient at ``model`` on the minibatch ``rows`` (``steps`` = 0), or
-        ``steps`` local SGD steps (``batched.local_steps``), one row of ``rows`` each. Its slot, or None
-        when every slot is taken or it has too many steps (compute it in process)."""
+        ``steps`` local SGD steps (``batched.local_steps``), one row of ``rows`` each, on one torch
+        thread. Its slot, or None when every slot is taken or it has too many steps (compute it in
+        process)."""
         rows = np.asarray(rows, np.int64).reshape(max(steps, 1), -1)
         if os.getpid() != self._owner:
             return None
         with self._lock:
-            if self.broken or not self._free or steps > MAX_STEPS:
+            if self.broken or not self._free or steps > MAX_STEPS or self._silent():
                 return None
             slot = self._free.pop()
+            self.arrays["taken"][slot] = self.arrays["stolen"][slot] = 0
             self.arrays["models"][slot] = model
             self.arrays["rows"][slot, :rows.size] = rows.reshape(-1)
             self.arrays["job"][slot] = (steps, lr, prox)
@@ -168,52 +184,104 @@ class KernelProcess:
             except OSError as exc:
                 self._break("it exited")
                 raise KernelProcessError("the kernel process is gone") from exc
+            if not self._owed:
+                self._heard = time.monotonic()
+            self._owed += 1
             return slot
 
-    def result(self, slot: int) -> tuple[np.ndarray, float]:
-        """The job's gradient (a copy) and loss; the slot is free again after it."""
+    def _silent(self) -> bool:
+        """Whether the worker owes answers and has given none for ``TIMEOUT`` seconds (then it is given
+        up: a stopped worker whose jobs are all stolen would otherwise never be found out)."""
+        if self._owed and time.monotonic() - self._heard > TIMEOUT:
+            self._break(f"no answer within {TIMEOUT:g} s")
+            return True
+        return False
+
+    def result(self, slot: int, use=None, steal: bool = False):
+        """``use(gradient, loss)`` of the job (the gradient a view of its slot, free again after it;
+        without ``use``: a copy of the gradient and the loss). With ``steal``, a job the worker has not
+        started is left to the caller: None, and the worker skips it (or, if it started it at that very
+        moment, computes it for nothing)."""
         if os.getpid() != self._owner:
             raise KernelProcessError("this worker belongs to the process this one was forked from")
         with self._lock:
+            block = False
             while slot not in self._done:
                 if slot in self._failed:
                     self._failed.discard(slot)
                     self._free.append(slot)
                     raise KernelProcessError("the kernel process could not compute the job")
+                if slot in self._skipped:  # (the worker saw it stolen, this side saw it started)
+                    self._skipped.discard(slot)
+                    self._free.append(slot)
+                    self.stolen += 1
+                    return None
                 if self.broken:
                     raise KernelProcessError("the kernel process is gone")
-                got = self._read()
-                failed = bool(got & _FAILED)
-                got &= ~_FAILED
-                if not 0 <= got < self.slots:
-                    self._break(f"it answered slot {got}")
-                    raise KernelProcessError(f"the kernel process answered slot {got}, not one of ours")
-                if got in self._abandoned:
-                    self._abandoned.discard(got)
-                    self._free.append(got)
-                elif failed:
-                    self._failed.add(got)  # (its owner hears it when it asks: the slot stays taken till then)
-                    if not self._said_failed:
-                        self._said_failed = True
-                        log.warning("The MNIST gradients' worker process could not compute a job: such jobs run "
-                                    "in this process, with the same results.")
-                else:
-                    self._done.add(got)
+                if block and steal:
+                    if self._silent():
+                        raise KernelProcessError("the kernel process stopped answering")
+                    self.arrays["stolen"][slot] = 1
+                    if not self.arrays["taken"][slot]:
+                        self._abandoned.add(slot)  # (freed when the worker answers it)
+                        self.stolen += 1
+                        return None
+                    steal = False
+                self._pump(block)
+                block = True
             self._done.discard(slot)
             self.answered += 1
-            grad = self.arrays["grads"][slot].copy()
-            loss = float(self.arrays["losses"][slot])
-            self._free.append(slot)
-            return grad, loss
+            grad, loss = self.arrays["grads"][slot], float(self.arrays["losses"][slot])
+            try:
+                return (grad.copy(), loss) if use is None else use(grad, loss)
+            finally:
+                self._free.append(slot)
+
+    def _pump(self, block: bool) -> None:
+        """Take in the worker's answers: every one already written, or (``block``) at least one."""
+        if len(self._inbox) < 4:
+            fd = self._proc.stdout.fileno()
+            ready, _, _ = select.select([fd], [], [], TIMEOUT if block else 0)
+            chunk = os.read(fd, 4096) if ready else b""
+            if not chunk:
+                if not block:
+                    return
+                self._break(f"no answer within {TIMEOUT:g} s" if not ready else "it exited")
+                raise KernelProcessError("the kernel process died or stopped answering")
+            self._inbox += chunk
+        self._heard = time.monotonic()
+        while len(self._inbox) >= 4:
+            got = struct.unpack("<i", bytes(self._inbox[:4]))[0]
+            del self._inbox[:4]
+            self._owed -= 1
+            flags = got & (_FAILED | _SKIPPED)
+            got &= ~(_FAILED | _SKIPPED)
+            if not 0 <= got < self.slots:
+                self._break(f"it answered slot {got}")
+                raise KernelProcessError(f"the kernel process answered slot {got}, not one of ours")
+            if got in self._abandoned:
+                self._abandoned.discard(got)
+                self._free.append(got)
+            elif flags & _SKIPPED:
+                self._skipped.add(got)
+            elif flags & _FAILED:
+                self._failed.add(got)  # (its owner hears it when it asks: the slot stays taken till then)
+                if not self._said_failed:
+                    self._said_failed = True
+                    log.warning("The MNIST gradients' worker process could not compute a job: such jobs run "
+                                "in this process, with the same results.")
+            else:
+                self._done.add(got)
 
     def abandon(self, slot: int) -> None:
         """Forget a job sent and no longer wanted (its slot is free once the worker answers it)."""
         if os.getpid() != self._owner:
             return
         with self._lock:
-            if slot in self._done or slot in self._failed:
+            if slot in self._done or slot in self._failed or slot in self._skipped:
                 self._done.discard(slot)
                 self._failed.discard(slot)
+                self._skipped.discard(slot)
                 self._free.append(slot)
             else:
                 self._abandoned.add(slot)
@@ -290,7 +358,7 @@ def _serve(path: str, slots: int, size: int, batch: int, spec: str) -> None:
     X, Y, _, _ = device_data(task, "cpu")
     mem = np.memmap(path, dtype=np.uint8, mode="r+")
     views = _views(mem, _layout(size, batch, slots))
-    job = views.pop("job")
+    job, taken, stolen = views.pop("job"), views.pop("taken"), views.pop("stolen")
     a = {k: torch.from_numpy(v) for k, v in views.items()}
     out.write(struct.pack("<i", _READY))
     inp = sys.stdin.buffer
@@ -302,18 +370,17 @@ def _serve(path: str, slots: int, size: int, batch: int, spec: str) -> None:
         if slot < 0:
             return
         try:
+            taken[slot] = 1
+            if stolen[slot]:  # (the caller computes it: see ``KernelProcess.result``)
+                out.write(struct.pack("<i", slot | _SKIPPED))
+                continue
             steps, lr, prox = (float(v) for v in job[slot])
-            rows = a["rows"][slot].view(-1, batch)
-            batches = ((X.index_select(0, rows[q]).view(1, batch, -1), Y.index_select(0, rows[q]).view(1, batch))
-                       for q in range(max(int(steps), 1)))
-            x = a["models"][slot:slot + 1]
-            if steps:
-                y, loss = local_steps(x, batches, lr, prox)
-            else:
-                y, loss = mlp_gradients(x, *next(batches))
-                loss = loss.double()
-            a["grads"][slot].copy_(y[0])
-            a["losses"][slot] = loss[0]
+            grad = a["grads"][slot:slot + 1]
+            y, loss = rows_job(X, Y, a["models"][slot:slot + 1], a["rows"][slot].view(-1, batch), batch,
+                              int(steps), lr, prox, out=grad)
+            if y.data_ptr() != grad.data_ptr():
+                grad.copy_(y)
+            a["losses"][slot] = loss
             out.write(struct.pack("<i", slot))
         except Exception:  # noqa: BLE001 - the caller computes this job in process
             out.write(struct.pack("<i", slot | _FAILED))
