@@ -6,8 +6,11 @@ process has its own interpreter: the main process writes a job's model and minib
 slot of a shared-memory file, sends the slot's number through the worker's stdin, and reads the
 gradient (or, for a job of local SGD steps, the trained model) from the slot when the job's reply is
 pulled. The worker computes exactly the one-job batched kernels of the in-process path
-(``batched.mlp_gradients``, ``batched.local_steps`` on one model, one torch thread), on data it loads
-itself from the task's spec, so the bits are the same.
+(``batched.rows_job``: ``mlp_gradients`` or ``local_steps`` on one model, one torch thread), on data
+it loads itself from the task's spec, so the bits are the same. A job whose reply is wanted before the
+worker has started it is computed by the caller instead, with the same function
+(``result(steal=True)``: the worker takes jobs in the order they were sent, the caller wants them in
+the order they end).
 
 The worker is started with ``python -m fl_rescaled.tasks.kernel_process``, never by re-importing the
 caller's main module (as multiprocessing's spawn would), and it is shared by every run of the process
