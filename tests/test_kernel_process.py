@@ -175,7 +175,8 @@ def test_jobs_the_worker_cannot_compute_run_in_process_and_free_no_slot_early(mn
     # (it marks each job taken, as the real worker does before computing: none is computed here instead)
     fake.write_text("import struct, sys\nimport numpy as np\nfrom fl_rescaled.tasks.kernel_process import _layout, _views\n"
                     "path, slots, size, batch = sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])\n"
-                    "taken = _views(np.memmap(path, dtype=np.uint8, mode='r+'), _layout(size, batch, slots))['taken']\n"
+                    "mem = np.memmap(path, dtype=np.uint8, mode='r+')\n"
+                    "taken = _views(mem, _layout(size, batch, slots), size)['taken']\n"
                     "out = sys.stdout.buffer\nout.write(struct.pack('<i', 0x7FFFFFF0)); out.flush()\n"
                     "while len(d := sys.stdin.buffer.read(4)) == 4:\n"
                     "    slot = struct.unpack('<i', d)[0]\n    taken[slot] = 1\n"

@@ -152,9 +152,10 @@ def mnist_jobs(task: MnistTask, xs: Sequence[np.ndarray], workers: Sequence[int]
 
 
 def rows_job(X, Y, x, rows, batch: int, steps: int, lr: float, prox: float, out=None):
-    """One job as the worker process computes it (``kernel_process``): ``x`` a (1, P) float32 tensor, ``rows`` its minibatches' rows
-    in the images ``X`` and labels ``Y``. A gradient (``steps`` = 0, written into ``out`` when given) or
-    the model after ``steps`` local SGD steps, as (1, P), and the mean loss."""
+    """One job as the worker process computes it (``kernel_process``, and the caller for a job it
+    steals): ``x`` a (1, P) float32 tensor, ``rows`` its minibatches' rows in the images ``X`` and
+    labels ``Y``. A gradient (``steps`` = 0, written into ``out`` when given) or the model after
+    ``steps`` local SGD steps, as (1, P), and the mean loss."""
     batches = ((X.index_select(0, rows[q]).view(1, batch, -1), Y.index_select(0, rows[q]).view(1, batch))
                for q in range(max(int(steps), 1)))
     if steps:

@@ -68,7 +68,6 @@ def _layout(size: int, batch: int, slots: int) -> dict[str, tuple[int, np.dtype,
         out[name] = (offset, np.dtype(dtype), shape)
         offset += -(-int(np.prod(shape)) * np.dtype(dtype).itemsize // 64) * 64
     out["total"] = (offset, np.dtype(np.uint8), ())
-    out["size"] = (size, np.dtype(np.uint8), ())
     return out
 
 
@@ -91,10 +90,10 @@ def _room(folder: str, nbytes: int) -> bool:
     return os.access(folder, os.W_OK) and st.f_bavail * st.f_frsize >= nbytes
 
 
-def _views(mem: np.ndarray, layout: dict) -> dict[str, np.ndarray]:
-    size = layout["size"][0]
+def _views(mem: np.ndarray, layout: dict, size: int) -> dict[str, np.ndarray]:
+    """The arrays of the shared file; each slot's model and gradient without their padding."""
     out = {name: np.ndarray(shape, dtype, buffer=mem, offset=offset)
-           for name, (offset, dtype, shape) in layout.items() if name not in ("total", "size")}
+           for name, (offset, dtype, shape) in layout.items() if name != "total"}
     out["models"], out["grads"] = out["models"][:, :size], out["grads"][:, :size]
     return out
 
@@ -112,7 +111,7 @@ class KernelProcess:
             os.ftruncate(fd, layout["total"][0])
             os.close(fd)
             self._mem = np.memmap(path, dtype=np.uint8, mode="r+")
-            self.arrays = _views(self._mem, layout)
+            self.arrays = _views(self._mem, layout, size)
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "fl_rescaled.tasks.kernel_process", path, str(self.slots), str(size),
                  str(batch), spec],
@@ -360,7 +359,7 @@ def _serve(path: str, slots: int, size: int, batch: int, spec: str) -> None:
     task = get_task(spec)
     X, Y, _, _ = device_data(task, "cpu")
     mem = np.memmap(path, dtype=np.uint8, mode="r+")
-    views = _views(mem, _layout(size, batch, slots))
+    views = _views(mem, _layout(size, batch, slots), size)
     job, taken, stolen = views.pop("job"), views.pop("taken"), views.pop("stolen")
     a = {k: torch.from_numpy(v) for k, v in views.items()}
     out.write(struct.pack("<i", _READY))
