@@ -29,8 +29,8 @@ from fl_rescaled.batching import BatchedClientApp
 from fl_rescaled.layout import decode_array, encode_array
 from fl_rescaled.messages import JOB_TYPE, add_partition_query, plain_record
 from fl_rescaled.tasks import MnistTask, QuadraticTask, get_task, job_rng, local_sgd, scratch
-from fl_rescaled.tasks.batched import (device_data, mnist_jobs, partition_layout, quadratic_gradients, resolve_device,
-                                       rows_job)
+from fl_rescaled.tasks.batched import (device_data, minibatch_rows, mnist_jobs, partition_layout, quadratic_gradients,
+                                       resolve_device, rows_job)
 from fl_rescaled.tasks.kernel_process import worker_for
 
 app = BatchedClientApp()
@@ -179,10 +179,7 @@ def launch(msg: Message, context: Context) -> _InWorker | None:
     keys, x = job_model(msg)
     starts, sizes = partition_layout(task)
     rng = job_rng(task, pid, int(cfg["job-seq"]))  # (a step's rows after the last step's, as mnist_jobs draws them)
-    n, m = int(sizes[pid]), task.batch_size  # (``minibatch_rows`` for one job, step after step)
-    if n < m:
-        return None
-    rows = np.stack([rng.choice(n, m, replace=False) for _ in range(max(steps, 1))]) + starts[pid]
+    rows = minibatch_rows(starts, sizes, [pid] * max(steps, 1), [rng] * max(steps, 1), task.batch_size)
     job = (steps, float(cfg.get("local-lr", 0.0)), float(cfg.get("prox", 0.0)))
     slot = worker.submit(x, rows, *job)
     return None if slot is None else _InWorker(msg, worker, slot, keys, task, x, rows, job, t0)

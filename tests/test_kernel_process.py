@@ -31,6 +31,14 @@ def _same_bits(a: dict, b: dict) -> None:
     assert [h["loss"] for h in a["history"]] == [h["loss"] for h in b["history"]]
 
 
+def _own_worker(seed: int, slots: int):
+    """A 10-client MNIST task of ``seed``, its data as the worker lays it out, and a worker of its own
+    with ``slots`` slots (the caller closes it)."""
+    cfg = {"task": "mnist", "seed": seed, "num-partitions": 10, "batch-size": 64, "dirichlet-alpha": 0.0}
+    task = get_task(cfg)
+    return task, device_data(task, "cpu"), kp.KernelProcess(task_spec(cfg), task.size, task.batch_size, slots=slots)
+
+
 def _worker(seed: int) -> kp.KernelProcess | None:
     """The worker of the run with this seed (the task spec a job carries names it)."""
     found = [w for spec, w in kp._WORKERS.items() if json.loads(spec).get("seed") == seed]
@@ -75,10 +83,7 @@ def test_a_worker_that_dies_mid_run_changes_nothing(mnist_cache, monkeypatch, ca
 
 
 def test_slots_abandoned_come_back_and_a_full_worker_declines(mnist_cache):
-    cfg = {"task": "mnist", "seed": 14, "num-partitions": 10, "batch-size": 64, "dirichlet-alpha": 0.0}
-    task = get_task(cfg)
-    _, _, starts, sizes = device_data(task, "cpu")
-    worker = kp.KernelProcess(task_spec(cfg), task.size, task.batch_size, slots=2)
+    task, (_, _, starts, sizes), worker = _own_worker(14, slots=2)
     try:
         x = task.initial_params(0)
         rows = [minibatch_rows(starts, sizes, [w], [client_rng(14, w, 1)], 64)[0] for w in range(4)]
@@ -226,10 +231,7 @@ def test_a_job_the_worker_has_not_started_is_stolen_with_the_same_bits(mnist_cac
     import os
     import signal
 
-    cfg = {"task": "mnist", "seed": 21, "num-partitions": 10, "batch-size": 64, "dirichlet-alpha": 0.0}
-    task = get_task(cfg)
-    X, Y, starts, sizes = device_data(task, "cpu")
-    worker = kp.KernelProcess(task_spec(cfg), task.size, task.batch_size, slots=4)
+    task, (X, Y, starts, sizes), worker = _own_worker(21, slots=4)
     try:
         x = task.initial_params(0)
         rows = minibatch_rows(starts, sizes, [2], [client_rng(21, 2, 5)], 64)[0]

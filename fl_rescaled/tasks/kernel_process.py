@@ -139,17 +139,25 @@ class KernelProcess:
     def _read(self) -> int:
         """The worker's next answer (4 bytes), read from the pipe itself: a buffered reader could
         hold answers that ``select`` no longer sees."""
-        fd = self._proc.stdout.fileno()
         while len(self._inbox) < 4:
-            ready, _, _ = select.select([fd], [], [], TIMEOUT)
-            chunk = os.read(fd, 4096) if ready else b""
-            if not chunk:
-                self._break(f"no answer within {TIMEOUT:g} s" if not ready else "it exited")
-                raise KernelProcessError("the kernel process died or stopped answering")
-            self._inbox += chunk
+            self._fill(block=True)
         data = bytes(self._inbox[:4])
         del self._inbox[:4]
         return struct.unpack("<i", data)[0]
+
+    def _fill(self, block: bool) -> bool:
+        """Add what the worker has written to the inbox: False when there is nothing and not ``block``;
+        raises when it exited, or (``block``) said nothing for ``TIMEOUT`` seconds."""
+        fd = self._proc.stdout.fileno()
+        ready, _, _ = select.select([fd], [], [], TIMEOUT if block else 0)
+        chunk = os.read(fd, 4096) if ready else b""
+        if not chunk:
+            if not block:
+                return False
+            self._break(f"no answer within {TIMEOUT:g} s" if not ready else "it exited")
+            raise KernelProcessError("the kernel process died or stopped answering")
+        self._inbox += chunk
+        return True
 
     def _break(self, why: str = "it died or stopped answering") -> None:
         if self.started and not self.broken:
@@ -241,16 +249,8 @@ class KernelProcess:
 
     def _pump(self, block: bool) -> None:
         """Take in the worker's answers: every one already written, or (``block``) at least one."""
-        if len(self._inbox) < 4:
-            fd = self._proc.stdout.fileno()
-            ready, _, _ = select.select([fd], [], [], TIMEOUT if block else 0)
-            chunk = os.read(fd, 4096) if ready else b""
-            if not chunk:
-                if not block:
-                    return
-                self._break(f"no answer within {TIMEOUT:g} s" if not ready else "it exited")
-                raise KernelProcessError("the kernel process died or stopped answering")
-            self._inbox += chunk
+        if len(self._inbox) < 4 and not self._fill(block):
+            return
         self._heard = time.monotonic()
         while len(self._inbox) >= 4:
             got = struct.unpack("<i", bytes(self._inbox[:4]))[0]
