@@ -53,7 +53,8 @@ def test_the_worker_answers_the_jobs_with_the_bits_of_one_process(mnist_cache):
     worker = _worker(11)
     assert worker is not None and not worker.broken
     # every applied gradient came from the worker, or from this process where it had not started the job
-    assert worker.answered > 0 and worker.answered + worker.stolen >= two["num_updates"]
+    # (which of the two computes a job depends on timing: a fresh worker's first jobs may all be stolen)
+    assert worker.answered + worker.stolen >= two["num_updates"]
     # the malenia strategy cancels jobs: their slots come back
     m1, m2 = (run(_spec(12, strategy="malenia", budget=80, eval_every=40, workers=w)) for w in (1, 2))
     assert m1["num_updates"] > 0
@@ -63,7 +64,7 @@ def test_the_worker_answers_the_jobs_with_the_bits_of_one_process(mnist_cache):
 def test_a_worker_that_dies_mid_run_changes_nothing(mnist_cache, monkeypatch, caplog):
     caplog.set_level(logging.WARNING, logger="flwr.fl_rescaled")
     one = run(_spec(13, workers=1))
-    sent = []
+    sent, killed = [], []
     submit = kp.KernelProcess.submit
 
     def submit_then_die(self, *args, **kw):
@@ -71,6 +72,8 @@ def test_a_worker_that_dies_mid_run_changes_nothing(mnist_cache, monkeypatch, ca
         sent.append(slot)
         if len(sent) == 40:
             self._proc.kill()  # the jobs it holds are computed in process; a new worker takes the next
+            self._proc.wait(timeout=10)  # (dead: a killed 1 GB process keeps its pipes open while it unmaps)
+            killed.append(self)
         return slot
 
     monkeypatch.setattr(kp.KernelProcess, "submit", submit_then_die)
@@ -79,7 +82,8 @@ def test_a_worker_that_dies_mid_run_changes_nothing(mnist_cache, monkeypatch, ca
     assert len(sent) > 40
     said = [r.getMessage() for r in caplog.records if "worker process stopped" in r.getMessage()]
     assert len(said) == 1 and "run in this process, with the same results" in said[0]
-    assert _worker(13).answered > 0  # a new worker took the jobs after it
+    new = _worker(13)  # a new worker took the jobs after it (computed there, or stolen when wanted first)
+    assert new is not None and new is not killed[0] and not new.broken and new.answered + new.stolen > 0
 
 
 def test_slots_abandoned_come_back_and_a_full_worker_declines(mnist_cache):
