@@ -141,9 +141,13 @@ class KernelProcess:
         hold answers that ``select`` no longer sees."""
         while len(self._inbox) < 4:
             self._fill(block=True)
-        data = bytes(self._inbox[:4])
+        return self._pop()
+
+    def _pop(self) -> int:
+        """The first answer in the inbox (it holds 4 bytes or more), taken out."""
+        got = struct.unpack_from("<i", self._inbox)[0]
         del self._inbox[:4]
-        return struct.unpack("<i", data)[0]
+        return got
 
     def _fill(self, block: bool) -> bool:
         """Add what the worker has written to the inbox: False when there is nothing and not ``block``;
@@ -253,8 +257,7 @@ class KernelProcess:
             return
         self._heard = time.monotonic()
         while len(self._inbox) >= 4:
-            got = struct.unpack("<i", bytes(self._inbox[:4]))[0]
-            del self._inbox[:4]
+            got = self._pop()
             self._owed -= 1
             flags = got & (_FAILED | _SKIPPED)
             got &= ~(_FAILED | _SKIPPED)
