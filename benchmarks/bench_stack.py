@@ -5,7 +5,8 @@ Whole stack: RescaledASGD → AsyncClientManager → InProcessGrid → ClientApp
 Flower Messages both ways, one torch thread per job (as every run of the project), with
 ``--workers 1`` (the jobs in flight computed in lazy batches: ``fl_rescaled.grid_batch``) and
 ``--workers 2`` (each gradient computed in a worker process from the moment its job is sent:
-``fl_rescaled.tasks.kernel_process``), and one by one (``--no-batch``, which also keeps the gradients
+``fl_rescaled.tasks.kernel_process``; with two worker processes, as on three cores or more, and with
+every gradient free, the loop alone: the bound with enough worker processes), and one by one (``--no-batch``, which also keeps the gradients
 in process; with ``--ahead`` the pool computes them as soon as they are sent). Bare loops, same N steps on the same partitions:
   (1) "same gradient": the task's own gradient function, a Python loop and an in-place update, on
       one torch thread and on torch's default threads;
@@ -33,6 +34,7 @@ from fl_rescaled.experiment import RunSpec, run
 from fl_rescaled.batching import plan_chunks
 from fl_rescaled.clients.client_app import CPU_CHUNK
 from fl_rescaled.tasks import client_rng, get_task
+from fl_rescaled.tasks import kernel_process as kp
 from fl_rescaled.tasks.batched import mnist_jobs
 
 
@@ -44,6 +46,32 @@ def bench_stack(n_updates: int, workers: int = 1, ahead: bool = False, batch: bo
                       ahead=ahead, no_batch=not batch))
     dt = time.perf_counter() - t0
     return out["num_updates"] / dt
+
+
+def bench_stack_processes(n_updates: int, processes: int) -> float:
+    """The stack with ``--workers 2`` and ``processes`` worker processes (``kernel_process.PROCESSES``)."""
+    default, kp.PROCESSES = kp.PROCESSES, processes
+    try:
+        return bench_stack(n_updates, 2)
+    finally:
+        kp.PROCESSES = default
+
+
+def bench_loop_alone(n_updates: int, task) -> float:
+    """The stack with ``--workers 2`` where every job's gradient is free (one precomputed gradient,
+    answered at once, nothing sent to a process): what the event loop costs alone, the bound that
+    more worker processes (more cores) approach. Not a run's trajectory: each update is that gradient."""
+    grad, loss = task.gradient(task.initial_params(0), 0, client_rng(0, 0, 0), 64)
+    grad = np.ascontiguousarray(grad, np.float32)
+    real = {name: getattr(kp.KernelProcess, name) for name in ("submit", "result", "abandon")}
+    kp.KernelProcess.submit = lambda self, model, rows, *job: 0
+    kp.KernelProcess.result = lambda self, slot, use=None, steal=False: use(grad, float(loss))
+    kp.KernelProcess.abandon = lambda self, slot: None
+    try:
+        return bench_stack(n_updates, 2)
+    finally:
+        for name, fn in real.items():
+            setattr(kp.KernelProcess, name, fn)
 
 
 def bench_bare_same_gradient(n_steps: int, task, threads: int) -> float:
@@ -114,6 +142,8 @@ def main() -> None:
     cases = {
         "stack, --workers 1 (batched)": lambda: bench_stack(args.updates, 1),
         "stack, --workers 2 (worker process)": lambda: bench_stack(args.updates, 2),
+        "stack, --workers 2, two worker processes": lambda: bench_stack_processes(args.updates, 2),
+        "loop alone (every gradient free)": lambda: bench_loop_alone(args.updates, task),
         "stack, --workers 1 --no-batch": lambda: bench_stack(args.updates, 1, batch=False),
         "stack, --workers 2 --no-batch": lambda: bench_stack(args.updates, 2, batch=False),
         "stack, --workers 2 --no-batch --ahead": lambda: bench_stack(args.updates, 2, True, batch=False),
@@ -125,7 +155,7 @@ def main() -> None:
         f"bare, idiomatic autograd, {default_threads} threads": lambda: bench_bare_idiomatic(args.updates, task),
     }
     bench_stack(2000)  # warm-up
-    bench_stack(500, 2)  # (starts the gradients' worker process: later runs of this task reuse it)
+    bench_stack_processes(500, 2)  # (starts the gradients' two worker processes: later runs of this task reuse them)
     torch.set_num_threads(default_threads)
     rows = {k: [] for k in cases}
     for _ in range(args.repeats):  # interleaved, so machine noise hits every case alike

@@ -41,9 +41,9 @@ def _own_worker(seed: int, slots: int):
 
 def _worker(seed: int) -> kp.KernelProcess | None:
     """The worker of the run with this seed (the task spec a job carries names it)."""
-    found = [w for spec, w in kp._WORKERS.items() if json.loads(spec).get("seed") == seed]
-    assert len(found) <= 1
-    return found[0] if found else None
+    found = [pool for spec, pool in kp._WORKERS.items() if json.loads(spec).get("seed") == seed]
+    assert len(found) <= 1 and all(len(pool) <= kp.PROCESSES for pool in found)
+    return found[0][0] if found and found[0] else None
 
 
 def test_the_worker_answers_the_jobs_with_the_bits_of_one_process(mnist_cache):
@@ -59,6 +59,26 @@ def test_the_worker_answers_the_jobs_with_the_bits_of_one_process(mnist_cache):
     m1, m2 = (run(_spec(12, strategy="malenia", budget=80, eval_every=40, workers=w)) for w in (1, 2))
     assert m1["num_updates"] > 0
     np.testing.assert_array_equal(m1["final_model"], m2["final_model"])
+
+
+def test_two_workers_share_the_jobs_with_the_same_bits(mnist_cache, monkeypatch):
+    """With ``PROCESSES`` = 2 (three cores or more) each job goes to the less busy worker: both compute
+    jobs, and the run ends on the bits of ``--workers 1``; a broken one is replaced by a third."""
+    one = run(_spec(17, workers=1))
+    kp.close_all()
+    monkeypatch.setattr(kp, "PROCESSES", 2)
+    two = run(_spec(17, workers=2))
+    _same_bits(one, two)
+    (pool,) = [p for spec, p in kp._WORKERS.items() if json.loads(spec).get("seed") == 17]
+    assert len(pool) == 2 and pool[0] is not pool[1] and all(not w.broken for w in pool)
+    assert all(w.answered > 0 for w in pool)  # (each took jobs: the least busy one gets the next)
+    assert sum(w.answered + w.stolen for w in pool) >= two["num_updates"]
+    first, second = pool
+    first._break("killed by the test")
+    again = run(_spec(17, workers=2))
+    _same_bits(one, again)
+    (now,) = kp._WORKERS.values()
+    assert len(now) == 2 and first not in now and second in now and all(w.answered > 0 for w in now)
 
 
 def test_a_worker_that_dies_mid_run_changes_nothing(mnist_cache, monkeypatch, caplog):

@@ -12,11 +12,12 @@ worker has started it is computed by the caller instead, with the same function
 (``result(steal=True)``: the worker takes jobs in the order they were sent, the caller wants them in
 the order they end).
 
-The worker is started with ``python -m fl_rescaled.tasks.kernel_process``, never by re-importing the
-caller's main module (as multiprocessing's spawn would), and it is shared by every run of the process
-with the same task; it ends when its stdin closes (at the caller's exit, or ``close``). A worker that
-fails, dies or stops answering for ``TIMEOUT`` seconds raises ``KernelProcessError`` for the jobs it
-held: the Grid computes them in process instead, with the same bits.
+A worker is started with ``python -m fl_rescaled.tasks.kernel_process``, never by re-importing the
+caller's main module (as multiprocessing's spawn would); a task has ``PROCESSES`` of them (two where
+three cores are free, each job to the least busy), shared by every run of the process with that
+task; each ends when its stdin closes (at the caller's exit, or ``close``). A worker that fails, dies
+or stops answering for ``TIMEOUT`` seconds raises ``KernelProcessError`` for the jobs it held: the
+Grid computes them in process instead, with the same bits.
 """
 
 from __future__ import annotations
@@ -167,7 +168,7 @@ class KernelProcess:
         if self.started and not self.broken:
             log.warning("The MNIST gradients' worker process stopped (%s): its jobs run in this process, with "
                         "the same results (%d restarts left; --workers 1 keeps every job in process).",
-                        why, max(0, RESTARTS - _STARTS.get(self.spec, 0) + 1))
+                        why, max(0, RESTARTS + PROCESSES - _STARTS.get(self.spec, 0)))
         self.broken = True
         try:
             self._proc.kill()
@@ -303,34 +304,37 @@ class KernelProcess:
             self._proc.kill()
 
 
-_WORKERS: dict[str, KernelProcess] = {}
+_WORKERS: dict[str, list[KernelProcess]] = {}
 _WORKERS_LOCK = threading.Lock()
 #: Workers started again after one broke, per task, before the jobs of that task stay in process.
 RESTARTS = 3
 _STARTS: dict[str, int] = {}
+_CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+#: Worker processes per task: two where this process may use three cores or more (beside the event
+#: loop's), one on two cores (three busy processes on two cores ran slower than two).
+PROCESSES = 2 if _CORES >= 3 else 1
 
 
 def worker_for(spec: str, size: int, batch: int) -> KernelProcess | None:
-    """The worker of task ``spec`` (started on first use, again after it broke, at most ``RESTARTS``
-    times; the worker of another task is closed first), or None when none can run."""
+    """The least busy of task ``spec``'s ``PROCESSES`` workers (each started on first use, again after
+    one broke, at most ``RESTARTS`` times in all; the workers of another task are closed first), or
+    None when none can run. Which worker computes a job changes no bit of its reply."""
     with _WORKERS_LOCK:
-        got = _WORKERS.get(spec)
-        if got is not None and not got.broken:
-            return got
-        if _STARTS.get(spec, 0) > RESTARTS:
-            return None
-        _STARTS[spec] = _STARTS.get(spec, 0) + 1
-        for other in _WORKERS.values():  # (one worker at a time: each holds the data and torch)
-            other.close()
-        _WORKERS.clear()
-        try:
-            got = _WORKERS[spec] = KernelProcess(spec, size, batch)
-        except (OSError, KernelProcessError) as exc:
-            _WORKERS.pop(spec, None)
-            log.warning("The MNIST gradients' worker process could not start (%s): the jobs run in this process, "
-                        "with the same results.", exc)
-            return None
-        return got
+        if spec not in _WORKERS:
+            for other in _WORKERS.values():  # (one task at a time: each worker holds the data and torch)
+                for w in other:
+                    w.close()
+            _WORKERS.clear()
+        pool = _WORKERS.setdefault(spec, [])
+        pool[:] = [w for w in pool if not w.broken]
+        if len(pool) < PROCESSES and _STARTS.get(spec, 0) <= RESTARTS + PROCESSES - 1:
+            _STARTS[spec] = _STARTS.get(spec, 0) + 1
+            try:
+                pool.append(KernelProcess(spec, size, batch))
+            except (OSError, KernelProcessError) as exc:
+                log.warning("The MNIST gradients' worker process could not start (%s): the jobs run in this "
+                            "process, with the same results.", exc)
+        return min(pool[:PROCESSES], key=lambda w: w._owed) if pool else None
 
 
 def _forget_after_fork() -> None:
@@ -347,8 +351,9 @@ if hasattr(os, "register_at_fork"):
 @atexit.register
 def close_all() -> None:
     with _WORKERS_LOCK:
-        for w in _WORKERS.values():
-            w.close()
+        for pool in _WORKERS.values():
+            for w in pool:
+                w.close()
         _WORKERS.clear()
 
 
