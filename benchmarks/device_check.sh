@@ -10,7 +10,9 @@
 #   2. bench_userapp.py: the example app's CNN, its own ClientApp in process (workers 1, 2), the bare
 #      loop (1, 2 threads) and the batched helper (vmap and one job after the other), with the GPU
 #      hidden (everything on the CPU), then with it visible (the app's own ClientApp trains on cuda
-#      there, the helper runs with --device cuda).
+#      there, the helper runs with --device cuda);
+#   3. bench_stack.py: the MNIST stack on the CPU with one and with two worker processes (two is the
+#      default where three cores are free), the loop alone (every gradient free) and the bare loops.
 # Without a GPU the cuda rows are left out. Needs MNIST: the project's cache
 # (~/.cache/fl_rescaled/mnist.npz, or the folder FL_RESCALED_CACHE names; copy it there first on a
 # machine without the network) or the network.
@@ -19,9 +21,9 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
 if [ "${1:-}" = "tiny" ]; then
-  PAPER=20 POP=3 REPEATS=1 TRAININGS=10 UREPEATS=1
+  PAPER=20 POP=3 REPEATS=1 TRAININGS=10 UREPEATS=1 UPDATES=300
 else
-  PAPER=1000 POP=40 REPEATS=3 TRAININGS=60 UREPEATS=2
+  PAPER=1000 POP=40 REPEATS=3 TRAININGS=60 UREPEATS=2 UPDATES=4000
 fi
 "$PY" - <<'PY'
 import os, platform, torch, flwr
@@ -40,4 +42,6 @@ if [ "$GPU" = 1 ]; then
   echo "== 2b. the example app's CNN, GPU visible (bench_userapp.py ${U[*]} --device cuda)"
   "$PY" benchmarks/bench_userapp.py "${U[@]}" --device cuda
 fi
+echo "== 3. the MNIST stack on the CPU (bench_stack.py --updates $UPDATES --repeats $REPEATS)"
+CUDA_VISIBLE_DEVICES="" "$PY" benchmarks/bench_stack.py --updates "$UPDATES" --repeats "$REPEATS"
 echo "== done"
