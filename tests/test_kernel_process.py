@@ -19,6 +19,12 @@ from fl_rescaled.tasks.batched import device_data, minibatch_rows, rows_job
 pytestmark = pytest.mark.mnist
 
 
+@pytest.fixture(autouse=True)
+def _one_worker_process(monkeypatch):
+    """One worker per task, whatever this machine's cores (two where three are free: tested on its own)."""
+    monkeypatch.setattr(kp, "PROCESSES", 1)
+
+
 def _spec(seed: int, **kw) -> RunSpec:
     return RunSpec(**{"task": "mnist", "strategy": "rescaled", "budget": 20, "eval_every": 10, "lr": 1.0,
                       "seed": seed, "delays": "exponential", **kw})
@@ -64,18 +70,18 @@ def test_the_worker_answers_the_jobs_with_the_bits_of_one_process(mnist_cache):
 def test_two_workers_share_the_jobs_with_the_same_bits(mnist_cache, monkeypatch):
     """With ``PROCESSES`` = 2 (three cores or more) each job goes to the less busy worker: both compute
     jobs, and the run ends on the bits of ``--workers 1``; a broken one is replaced by a third."""
-    one = run(_spec(17, workers=1))
+    one = run(_spec(23, workers=1))
     kp.close_all()
     monkeypatch.setattr(kp, "PROCESSES", 2)
-    two = run(_spec(17, workers=2))
+    two = run(_spec(23, workers=2))
     _same_bits(one, two)
-    (pool,) = [p for spec, p in kp._WORKERS.items() if json.loads(spec).get("seed") == 17]
+    (pool,) = [p for spec, p in kp._WORKERS.items() if json.loads(spec).get("seed") == 23]
     assert len(pool) == 2 and pool[0] is not pool[1] and all(not w.broken for w in pool)
     assert all(w.answered > 0 for w in pool)  # (each took jobs: the least busy one gets the next)
     assert sum(w.answered + w.stolen for w in pool) >= two["num_updates"]
     first, second = pool
     first._break("killed by the test")
-    again = run(_spec(17, workers=2))
+    again = run(_spec(23, workers=2))
     _same_bits(one, again)
     (now,) = kp._WORKERS.values()
     assert len(now) == 2 and first not in now and second in now and all(w.answered > 0 for w in now)
@@ -135,7 +141,7 @@ def test_a_worker_that_cannot_start_leaves_the_jobs_in_process(mnist_cache, monk
     _same_bits(one, two)
     assert _worker(15) is None
     said = [r.getMessage() for r in caplog.records if "could not start" in r.getMessage()]
-    assert 1 <= len(said) <= kp.RESTARTS + 1  # said once per try, and the tries end
+    assert 1 <= len(said) <= kp.RESTARTS + kp.PROCESSES  # said once per try, and the tries end
 
 
 def test_a_worker_that_hangs_or_answers_a_slot_not_ours_is_given_up(mnist_cache, monkeypatch, caplog, tmp_path):
