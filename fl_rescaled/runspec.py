@@ -26,7 +26,7 @@ from .clock import DELAY_KINDS, tau_stats
 from .data.partition import SCHEMES as PARTITION_SCHEMES
 from .delays import TAU_PROFILES, tau_profile
 from .manager import ManagerSettings
-from .settings import Setting, of_dataclass, setting
+from .settings import Setting, available_cores, of_dataclass, setting
 from .tasks import TASKS
 
 
@@ -360,14 +360,6 @@ def ignored_lines(runs: list[tuple[RunSpec, Any]], given: set[str], spell: Calla
     config's ``'time-unit'``): the one rule of ``run_sim.py``'s and the ServerApp's warnings."""
     unused = set.intersection(*(ignored(spec, strategy, given) for spec, strategy in runs))
     return [f"{spell(name)} is ignored: it applies to {APPLIES_TO[name][0]} only" for name in sorted(unused)]
-
-
-def available_cores() -> int:
-    """The cores this process may run on."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # (not on Linux)
-        return max(1, os.cpu_count() or 1)
 
 
 def run_settings() -> list[Setting]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+import os
 import re
 import types
 import typing
@@ -203,3 +204,12 @@ def numpydoc_parameters(doc: str | None) -> dict[str, str]:
         elif name and line.strip():
             out[name] = (out[name] + " " + line.strip()).strip()
     return out
+
+
+def available_cores() -> int:
+    """The cores this process may run on (the default of ``--workers``, and what decides the worker
+    processes of ``fl_rescaled.tasks.kernel_process``)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # (not on Linux)
+        return max(1, os.cpu_count() or 1)

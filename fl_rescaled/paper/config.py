@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..settings import available_cores
 from .sweep import clean, fmt_lr
 
 METHODS = ("rescaled", "malenia", "ringleader", "vanilla", "delay-adaptive")
@@ -64,11 +64,7 @@ class StudyConfig:
 def default_workers() -> int:
     """One process per core this process may use, at most ``MAX_DEFAULT_WORKERS``: with one torch
     thread each, two processes gave 1.9× one process on this project's 2-core machine."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(cores, MAX_DEFAULT_WORKERS))
+    return min(available_cores(), MAX_DEFAULT_WORKERS)
 
 
 def _csv_list(text: str) -> list[str]:

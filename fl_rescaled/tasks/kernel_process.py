@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..settings import available_cores
 from .batched import device_data, rows_job
 from .registry import get_task
 
@@ -309,10 +310,9 @@ _WORKERS_LOCK = threading.Lock()
 #: Workers started again after one broke, per task, before the jobs of that task stay in process.
 RESTARTS = 3
 _STARTS: dict[str, int] = {}
-_CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 #: Worker processes per task: two where this process may use three cores or more (beside the event
 #: loop's), one on two cores (three busy processes on two cores ran slower than two).
-PROCESSES = 2 if _CORES >= 3 else 1
+PROCESSES = 2 if available_cores() >= 3 else 1
 
 
 def worker_for(spec: str, size: int, batch: int) -> KernelProcess | None:
