@@ -6,8 +6,9 @@ Flower Messages both ways, one torch thread per job (as every run of the project
 ``--workers 1`` (the jobs in flight computed in lazy batches: ``fl_rescaled.grid_batch``) and
 ``--workers 2`` (each gradient computed in a worker process from the moment its job is sent:
 ``fl_rescaled.tasks.kernel_process``; with two worker processes, as on three cores or more, and with
-every gradient free, the loop alone: the bound with enough worker processes), and one by one (``--no-batch``, which also keeps the gradients
-in process; with ``--ahead`` the pool computes them as soon as they are sent). Bare loops, same N steps on the same partitions:
+every gradient free, the loop alone: the bound with enough worker processes), and one by one
+(``--no-batch``, which also keeps the gradients in process; with ``--ahead`` the pool computes them
+as soon as they are sent). Bare loops, same N steps on the same partitions:
   (1) "same gradient": the task's own gradient function, a Python loop and an in-place update, on
       one torch thread and on torch's default threads;
   (2) "idiomatic":     nn.Sequential + CrossEntropyLoss + autograd + manual SGD step (default threads);
