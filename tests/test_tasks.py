@@ -7,7 +7,18 @@ import torch
 from fl_rescaled.tasks import MnistTask, QuadraticTask, build_task, client_rng, mlp_gradient, task_spec
 
 
-def test_mlp_gradient_matches_autograd():
+@pytest.fixture(params=["onednn", "blas"])
+def kernel(request, monkeypatch):
+    """Each MLP test once with oneDNN's products (where this torch has them) and once with torch's BLAS."""
+    import fl_rescaled.tasks.mnist as mnist
+
+    if request.param == "onednn" and not mnist.onednn():
+        pytest.skip("this torch has no oneDNN inner product")
+    monkeypatch.setattr(mnist, "_ONEDNN", request.param == "onednn")
+    return request.param
+
+
+def test_mlp_gradient_matches_autograd(kernel):
     rng = np.random.default_rng(0)
     w = MnistTask().initial_params(3)
     xb = torch.from_numpy(rng.standard_normal((64, 784)).astype(np.float32))
@@ -24,6 +35,47 @@ def test_mlp_gradient_matches_autograd():
     ref = torch.cat([p.grad.reshape(-1) for p in model.parameters()]).numpy()
     assert loss == pytest.approx(float(ref_loss), rel=1e-5)
     np.testing.assert_allclose(g, ref, rtol=1e-4, atol=1e-6)
+
+
+def test_the_two_kernels_agree_and_each_gives_the_same_bits_wherever_the_rows_lie(monkeypatch):
+    import fl_rescaled.tasks.mnist as mnist
+
+    if not mnist.onednn():
+        pytest.skip("this torch has no oneDNN inner product")
+    rng = np.random.default_rng(1)
+    w = torch.from_numpy(MnistTask().initial_params(4))
+    xb = torch.from_numpy(rng.standard_normal((64, 784)).astype(np.float32))
+    yb = torch.from_numpy(rng.integers(0, 10, 64))
+    got = {}
+    for flag in (True, False):
+        monkeypatch.setattr(mnist, "_ONEDNN", flag)
+        got[flag] = mlp_gradient(w, xb, yb)
+        for shift in (1, 3, 16):  # the same minibatch and model at other offsets of their buffers
+            xs = torch.empty(64 * 784 + shift)[shift:].view(64, 784).copy_(xb)
+            ws = torch.empty(w.shape[0] + shift)[shift:].copy_(w)
+            g, loss = mlp_gradient(ws, xs, yb)
+            np.testing.assert_array_equal(g, got[flag][0])
+            assert loss == got[flag][1]
+            if flag:  # oneDNN's bits do not depend on where the gradient is written either (MKL's may)
+                out = torch.empty(w.shape[0] + shift)[shift:]
+                np.testing.assert_array_equal(mlp_gradient(ws, xs, yb, out)[0], got[flag][0])
+        h = mnist.linear(xb, w[:100352].view(128, 784), w[100352:100480], relu=True)
+        assert h.shape == (64, 128) and float(h.min()) == 0.0
+        got[flag] += (h,)
+    np.testing.assert_allclose(got[True][0], got[False][0], rtol=1e-4, atol=1e-6)
+    assert got[True][1] == pytest.approx(got[False][1], rel=1e-6)
+    torch.testing.assert_close(got[True][2], got[False][2], rtol=1e-5, atol=1e-5)
+
+
+def test_the_environment_turns_onednn_off(monkeypatch):
+    import fl_rescaled.tasks.mnist as mnist
+
+    monkeypatch.setattr(mnist, "_ONEDNN", None)
+    monkeypatch.setenv("FL_RESCALED_ONEDNN", "0")
+    assert mnist.onednn() is False
+    monkeypatch.setattr(mnist, "_ONEDNN", None)
+    monkeypatch.setenv("FL_RESCALED_ONEDNN", "1")
+    assert mnist.onednn() is hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
 def test_mlp_init_matches_pytorch_bounds():

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from ..settings import available_cores
-from .batched import device_data, rows_job
+from .batched import device_data, onednn, rows_job
 from .registry import get_task
 
 #: Slots of one worker: jobs sent and not yet collected (two model-sized arrays each: 128 MNIST slots
@@ -74,9 +74,9 @@ def _layout(size: int, batch: int, slots: int) -> dict[str, tuple[int, np.dtype,
 
 
 def _child_env() -> dict[str, str]:
-    """This environment, with the folder that holds this ``fl_rescaled`` first on the worker's path
-    (a source checkout run from another folder imports the same code there)."""
+    """This environment, with this ``fl_rescaled``'s folder first on the path and this process's kernel."""
     env = os.environ.copy()
+    env["FL_RESCALED_ONEDNN"] = "1" if onednn() else "0"  # the worker's bits are the caller's
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join([root, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
     return env

@@ -8,6 +8,7 @@ torch is imported where it is used, so a quadratic-only ClientApp process never 
 from __future__ import annotations
 
 import math
+import os
 import threading
 import warnings
 from collections.abc import Sequence
@@ -158,10 +159,10 @@ class MnistTask:
         client_losses = []
         with torch.no_grad():
             for Xc, Yc in self._parts:
-                out = torch.addmm(b2, torch.relu(torch.addmm(b1, Xc, W1.t())), W2.t())
+                out = torch.addmm(b2, linear(Xc, W1, b1, relu=True), W2.t())
                 client_losses.append(float(torch.nn.functional.cross_entropy(out, Yc)))
             Xt, Yt = self._test
-            out = torch.addmm(b2, torch.relu(torch.addmm(b1, Xt, W1.t())), W2.t())
+            out = torch.addmm(b2, linear(Xt, W1, b1, relu=True), W2.t())
             acc = float((out.argmax(1) == Yt).float().mean())
         sizes = np.array(self.partition_sizes(), np.float64)
         wts = self.weights if self.weights is not None else sizes / sizes.sum()
@@ -184,8 +185,7 @@ def mlp_gradient(w, xb, yb, out=None):
     W1 = W1.view(128, 784)
     W2 = W2.view(10, 128)
     m = yb.shape[0]
-    z = torch.addmm(b1, xb, W1.t())
-    h = torch.relu(z)
+    h = linear(xb, W1, b1, relu=True)
     p = torch.softmax(torch.addmm(b2, h, W2.t()), dim=1)
     y1 = yb.view(m, 1)
     py = p.gather(1, y1)  # p[rows, y]
@@ -199,13 +199,55 @@ def mlp_gradient(w, xb, yb, out=None):
         if g.dtype != torch.float32 or g.shape != w.shape or not g.is_contiguous():
             raise ValueError("out must be a contiguous float32 buffer of the model's size")
     gW1, gb1, gW2, gb2 = g.split(_SPLITS)
-    torch.mm(p.t(), h, out=gW2.view(10, 128))
+    gW2.view(10, 128).copy_(torch.mm(p.t(), h))  # (MKL's bits depend on where ``out`` lies: a fresh product)
     torch.sum(p, 0, out=gb2)
     dh = torch.mm(p, W2)
     dh.mul_(torch.sign(h))  # ReLU mask: sign(relu(z)) is 1.0 where z > 0, else 0.0 (finite z)
-    torch.mm(dh.t(), xb, out=gW1.view(128, 784))
+    linear(dh.t(), xb.t(), out=gW1.view(128, 784))
     torch.sum(dh, 0, out=gb1)
     return (out if isinstance(out, np.ndarray) else g.numpy()), float(loss)
+
+
+def onednn() -> bool:
+    """Whether ``linear`` runs torch's oneDNN inner product on the CPU (decided once per process).
+
+    Yes where this torch has the op (``torch.ops.mkldnn._linear_pointwise``, the one torch.compile's
+    CPU fusions call) and it agrees with ``torch.mm`` on a probe, unless the environment sets
+    ``FL_RESCALED_ONEDNN=0``. oneDNN picks its kernels from the CPU's instruction sets; torch's default
+    BLAS (MKL) runs its AVX2 kernels on AMD's AVX-512 cores: on the Zen 5 core we measured, the MLP's
+    two large products took 70 µs each with oneDNN against 122 with MKL (``docs/performance.md``).
+    """
+    global _ONEDNN
+    if _ONEDNN is None:
+        import torch
+
+        use = os.environ.get("FL_RESCALED_ONEDNN", "1").strip() not in ("0", "false", "no", "off")
+        if use:
+            try:
+                a = torch.linspace(-1.0, 1.0, 24).view(4, 6)
+                b = torch.linspace(2.0, -1.0, 18).view(3, 6)
+                got = torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], "")
+                use = bool(torch.allclose(got, a @ b.t(), rtol=1e-5, atol=1e-6))
+            except (AttributeError, RuntimeError):
+                use = False
+        _ONEDNN = use
+    return _ONEDNN
+
+
+_ONEDNN: bool | None = None
+
+
+def linear(x, w, b=None, *, relu: bool = False, out=None):
+    """``x @ w.T`` (+ ``b``, then ReLU when ``relu``), into ``out`` when given: oneDNN's inner
+    product for CPU tensors where ``onednn()``, else torch's ``addmm``/``mm``. The same inputs give
+    the same bits on every call of one process (neither kernel depends on the rows' alignment)."""
+    import torch
+
+    if x.device.type == "cpu" and onednn():
+        y = torch.ops.mkldnn._linear_pointwise(x, w, b, "relu" if relu else "none", [], "")
+        return y if out is None else out.copy_(y)
+    y = torch.mm(x, w.t(), out=out) if b is None else torch.addmm(b, x, w.t(), out=out)
+    return y.relu_() if relu else y
 
 
 _SPLITS = (100352, 128, 1280, 10)  # W1 (128×784), b1, W2 (10×128), b2
