@@ -11,7 +11,8 @@ every gradient free, the loop alone: the bound with enough worker processes), an
 as soon as they are sent). Bare loops, same N steps on the same partitions:
   (1) "same gradient": the task's own gradient function, a Python loop and an in-place update, on
       one torch thread and on torch's default threads;
-  (2) "idiomatic":     nn.Sequential + CrossEntropyLoss + autograd + manual SGD step (default threads);
+      and on one thread with torch's default BLAS (``FL_RESCALED_ONEDNN=0``: what the kernel alone gains);
+  (2) "idiomatic":     nn.Sequential + CrossEntropyLoss + autograd + manual SGD step (default threads, 1);
   (3) "batched kernel": C = 10 jobs' minibatch draws and gradients per call (``mnist_jobs``), in
       chunks of ``CPU_CHUNK`` jobs spread over 1 or 2 threads as the stack's batches are, and the same
       in-place update per gradient: the physical reference of the batched stack (no messages at all).
@@ -36,6 +37,7 @@ from fl_rescaled.batching import plan_chunks
 from fl_rescaled.clients.client_app import CPU_CHUNK
 from fl_rescaled.tasks import client_rng, get_task
 from fl_rescaled.tasks import kernel_process as kp
+from fl_rescaled.tasks import mnist
 from fl_rescaled.tasks.batched import mnist_jobs
 
 
@@ -119,7 +121,26 @@ def bench_batched_kernel(n_steps: int, task, threads: int, jobs: int = 10) -> fl
     return rate
 
 
-def bench_bare_idiomatic(n_steps: int, task) -> float:
+def bench_bare_blas(n_steps: int, task) -> float:
+    """The "same gradient" bare loop on one thread with torch's default BLAS for the two large products
+    (as ``FL_RESCALED_ONEDNN=0``), not oneDNN's inner product: what the kernel choice alone gains."""
+    default, mnist._ONEDNN = mnist._ONEDNN, False
+    try:
+        return bench_bare_same_gradient(n_steps, task, 1)
+    finally:
+        mnist._ONEDNN = default
+
+
+def bench_bare_idiomatic(n_steps: int, task, threads: int | None = None) -> float:
+    default = torch.get_num_threads()
+    torch.set_num_threads(threads or default)
+    try:
+        return _idiomatic(n_steps, task)
+    finally:
+        torch.set_num_threads(default)
+
+
+def _idiomatic(n_steps: int, task) -> float:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(784, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
     lossf = torch.nn.CrossEntropyLoss()
@@ -159,7 +180,9 @@ def main() -> None:
         "bare, same gradient, 1 thread": lambda: bench_bare_same_gradient(args.updates, task, 1),
         f"bare, same gradient, {default_threads} threads": lambda: bench_bare_same_gradient(args.updates, task,
                                                                                            default_threads),
+        "bare, same gradient, 1 thread, torch's BLAS": lambda: bench_bare_blas(args.updates, task),
         f"bare, idiomatic autograd, {default_threads} threads": lambda: bench_bare_idiomatic(args.updates, task),
+        "bare, idiomatic autograd, 1 thread": lambda: bench_bare_idiomatic(args.updates, task, 1),
     }
     bench_stack(2000)  # warm-up
     bench_stack_processes(500, 2)  # (starts the gradients' two worker processes: later runs of this task reuse them)
@@ -172,10 +195,13 @@ def main() -> None:
     mid = {k: statistics.median(v) for k, v in rows.items()}
     base = mid["bare, same gradient, 1 thread"]
     kernel = mid["batched kernel, C = 10, 2 threads"]
-    print(f"torch {torch.__version__}, {args.updates} updates, median of {args.repeats} interleaved repeats")
+    user = mid["bare, idiomatic autograd, 1 thread"]
+    print(f"torch {torch.__version__}, {args.updates} updates, median of {args.repeats} interleaved repeats; "
+          f"the MLP's large products through {'oneDNN' if mnist.onednn() else 'torch.mm'}")
     for k, v in mid.items():
-        print(f"  {k:<42}{v:9.0f} steps/s {1e6 / v:7.0f} µs/step  ×{v / base:.2f} of the 1-thread bare loop"
-              f"  ×{v / kernel:.2f} of the 2-thread batched kernel   (all: {', '.join(f'{x:.0f}' for x in rows[k])})")
+        print(f"  {k:<44}{v:9.0f} steps/s {1e6 / v:7.0f} µs/step  ×{v / base:.2f} of the 1-thread bare loop"
+              f"  ×{v / user:.2f} of the 1-thread autograd loop  ×{v / kernel:.2f} of the 2-thread batched kernel"
+              f"   (all: {', '.join(f'{x:.0f}' for x in rows[k])})")
     print(f"projected 30,000-unit run (116,250 updates, no evaluation), --workers 2, one worker process: "
           f"{116250 / mid['stack, --workers 2, one worker process']:.0f} s")
 
