@@ -78,6 +78,34 @@ def test_the_environment_turns_onednn_off(monkeypatch):
     assert mnist.onednn() is hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+def test_a_torch_whose_onednn_op_fails_or_disagrees_computes_with_torch_mm(monkeypatch):
+    import fl_rescaled.tasks.mnist as mnist
+
+    class Ops:  # stands for ``torch.ops.mkldnn`` on a torch where the op differs
+        def __init__(self, fn):
+            self._linear_pointwise = fn
+
+    def wrong_signature(*args):
+        raise TypeError("_linear_pointwise() takes 5 arguments")
+
+    def off_by_one(x, w, b, *rest):
+        return x @ w.t() + 1.0
+
+    rng = np.random.default_rng(2)
+    w = torch.from_numpy(MnistTask().initial_params(5))
+    xb = torch.from_numpy(rng.standard_normal((64, 784)).astype(np.float32))
+    yb = torch.from_numpy(rng.integers(0, 10, 64))
+    monkeypatch.setattr(mnist, "_ONEDNN", False)
+    ref = mlp_gradient(w, xb, yb)
+    for fake in (wrong_signature, off_by_one):
+        monkeypatch.setattr(torch.ops, "mkldnn", Ops(fake))
+        monkeypatch.setattr(mnist, "_ONEDNN", None)
+        assert mnist.onednn() is False
+        g, loss = mlp_gradient(w, xb, yb)
+        np.testing.assert_array_equal(g, ref[0])
+        assert loss == ref[1]
+
+
 def test_mlp_init_matches_pytorch_bounds():
     w = MnistTask().initial_params(0)
     assert w.dtype == np.float32 and w.shape == (101770,)
