@@ -3,8 +3,10 @@
 Each job has its own model, its own partition and its own random generator (``job_rng``); a batch
 stacks the B models into a (B, P) tensor and draws every job's minibatch from its own generator in
 the order the job would draw it alone, so a batched reply equals the one-by-one reply up to float
-rounding (on the CPUs we tried, bit for bit: ``torch.baddbmm``/``bmm`` compute each slice with the
-same kernel as ``addmm``/``mm`` on one slice).
+rounding. Where the MLP's products go through oneDNN (``mnist.onednn``) a CPU batch computes its jobs
+one at a time with the one-job kernel, so the bits are the same; with torch's BLAS it takes one
+``torch.baddbmm``/``bmm`` per layer (on the CPUs we tried bit for bit too: they compute each slice
+with the same kernel as ``addmm``/``mm`` on one slice).
 
 ``device`` is ``"cpu"``, ``"cuda"`` (``"cuda:1"``) or ``"auto"`` (CUDA when available): the models,
 the minibatches and the products go to that device, the training data once per task and device.

@@ -239,8 +239,9 @@ _ONEDNN: bool | None = None
 
 def linear(x, w, b=None, *, relu: bool = False, out=None):
     """``x @ w.T`` (+ ``b``, then ReLU when ``relu``), into ``out`` when given: oneDNN's inner
-    product for CPU tensors where ``onednn()``, else torch's ``addmm``/``mm``. The same inputs give
-    the same bits on every call of one process (neither kernel depends on the rows' alignment)."""
+    product for CPU tensors where ``onednn()``, else torch's ``addmm``/``mm``. oneDNN's bits do not
+    depend on where the inputs or ``out`` lie (tested); MKL's may depend on ``out``'s alignment, which
+    is why the worker's slots start on 64-byte boundaries."""
     import torch
 
     if x.device.type == "cpu" and onednn():
