@@ -67,6 +67,39 @@ def test_the_two_kernels_agree_and_each_gives_the_same_bits_wherever_the_rows_li
     torch.testing.assert_close(got[True][2], got[False][2], rtol=1e-5, atol=1e-5)
 
 
+def test_onednn_in_a_new_thread_uses_torchs_thread_count_not_every_core():
+    """OpenMP's team size is per thread: a thread that never called ``torch.set_num_threads`` would
+    run oneDNN on every core (MKL follows torch's setting). ``linear`` gives the thread torch's."""
+    import ctypes
+    import threading
+    from pathlib import Path
+
+    import fl_rescaled.tasks.mnist as mnist
+
+    if not mnist.onednn():
+        pytest.skip("this torch has no oneDNN inner product")
+    gomp = sorted((Path(torch.__file__).parent / "lib").glob("libgomp*"))
+    if not gomp:
+        pytest.skip("this torch ships no libgomp to ask")
+    omp = ctypes.CDLL(str(gomp[0]))
+    default = torch.get_num_threads()
+    torch.set_num_threads(1)
+    seen = {}
+
+    def job():
+        seen["before"] = omp.omp_get_max_threads()
+        mnist.linear(torch.ones(4, 6), torch.ones(3, 6))
+        seen["after"] = omp.omp_get_max_threads()
+
+    try:
+        thread = threading.Thread(target=job)
+        thread.start()
+        thread.join()
+    finally:
+        torch.set_num_threads(default)
+    assert seen["after"] == 1  # (before: OpenMP's default, the cores, 2 on this project's machine)
+
+
 def test_the_environment_turns_onednn_off(monkeypatch):
     import fl_rescaled.tasks.mnist as mnist
 

@@ -235,6 +235,7 @@ def onednn() -> bool:
 
 
 _ONEDNN: bool | None = None
+_THREAD = threading.local()  # the torch thread count each thread last gave OpenMP (``linear``)
 
 
 def linear(x, w, b=None, *, relu: bool = False, out=None):
@@ -245,6 +246,10 @@ def linear(x, w, b=None, *, relu: bool = False, out=None):
     import torch
 
     if x.device.type == "cpu" and onednn():
+        threads = torch.get_num_threads()
+        if getattr(_THREAD, "threads", None) != threads:  # OpenMP's team size is the calling thread's:
+            torch.set_num_threads(threads)  # a thread that never set it would run oneDNN on every core
+            _THREAD.threads = threads  # (MKL follows torch's setting in any thread; oneDNN does not)
         y = torch.ops.mkldnn._linear_pointwise(x, w, b, "relu" if relu else "none", [], "")
         return y if out is None else out.copy_(y)
     y = torch.mm(x, w.t(), out=out) if b is None else torch.addmm(b, x, w.t(), out=out)
