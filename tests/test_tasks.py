@@ -18,12 +18,18 @@ def kernel(request, monkeypatch):
     return request.param
 
 
-def test_mlp_gradient_matches_autograd(kernel):
-    rng = np.random.default_rng(0)
-    w = MnistTask().initial_params(3)
+def _minibatch(seed: int, init: int):
+    """A model (initialised with seed ``init``) and a random minibatch of 64 images and labels."""
+    rng = np.random.default_rng(seed)
+    w = torch.from_numpy(MnistTask().initial_params(init))
     xb = torch.from_numpy(rng.standard_normal((64, 784)).astype(np.float32))
-    yb = torch.from_numpy(rng.integers(0, 10, 64))
-    g, loss = mlp_gradient(torch.from_numpy(w.copy()), xb, yb)
+    return w, xb, torch.from_numpy(rng.integers(0, 10, 64))
+
+
+def test_mlp_gradient_matches_autograd(kernel):
+    w, xb, yb = _minibatch(0, 3)
+    g, loss = mlp_gradient(w, xb, yb)
+    w = w.numpy()
 
     model = torch.nn.Sequential(torch.nn.Linear(784, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
     sizes = [p.numel() for p in model.parameters()]
@@ -42,10 +48,7 @@ def test_the_two_kernels_agree_and_each_gives_the_same_bits_wherever_the_rows_li
 
     if not mnist.onednn():
         pytest.skip("this torch has no oneDNN inner product")
-    rng = np.random.default_rng(1)
-    w = torch.from_numpy(MnistTask().initial_params(4))
-    xb = torch.from_numpy(rng.standard_normal((64, 784)).astype(np.float32))
-    yb = torch.from_numpy(rng.integers(0, 10, 64))
+    w, xb, yb = _minibatch(1, 4)
     got = {}
     for flag in (True, False):
         monkeypatch.setattr(mnist, "_ONEDNN", flag)
@@ -103,9 +106,10 @@ def test_onednn_in_a_new_thread_uses_torchs_thread_count_not_every_core():
 def test_the_environment_turns_onednn_off(monkeypatch):
     import fl_rescaled.tasks.mnist as mnist
 
-    monkeypatch.setattr(mnist, "_ONEDNN", None)
-    monkeypatch.setenv("FL_RESCALED_ONEDNN", "0")
-    assert mnist.onednn() is False
+    for off in ("0", " off ", "FALSE", "No"):
+        monkeypatch.setattr(mnist, "_ONEDNN", None)
+        monkeypatch.setenv("FL_RESCALED_ONEDNN", off)
+        assert mnist.onednn() is False, off
     monkeypatch.setattr(mnist, "_ONEDNN", None)
     monkeypatch.setenv("FL_RESCALED_ONEDNN", "1")
     assert mnist.onednn() is hasattr(torch.ops.mkldnn, "_linear_pointwise")
@@ -124,10 +128,7 @@ def test_a_torch_whose_onednn_op_fails_or_disagrees_computes_with_torch_mm(monke
     def off_by_one(x, w, b, *rest):
         return x @ w.t() + 1.0
 
-    rng = np.random.default_rng(2)
-    w = torch.from_numpy(MnistTask().initial_params(5))
-    xb = torch.from_numpy(rng.standard_normal((64, 784)).astype(np.float32))
-    yb = torch.from_numpy(rng.integers(0, 10, 64))
+    w, xb, yb = _minibatch(2, 5)
     monkeypatch.setattr(mnist, "_ONEDNN", False)
     ref = mlp_gradient(w, xb, yb)
     for fake in (wrong_signature, off_by_one):

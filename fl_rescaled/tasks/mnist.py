@@ -221,7 +221,7 @@ def onednn() -> bool:
     if _ONEDNN is None:
         import torch
 
-        use = os.environ.get("FL_RESCALED_ONEDNN", "1").strip() not in ("0", "false", "no", "off")
+        use = os.environ.get("FL_RESCALED_ONEDNN", "1").strip().lower() not in ("0", "false", "no", "off")
         if use:
             try:
                 a = torch.linspace(-1.0, 1.0, 24).view(4, 6)
