@@ -13,7 +13,8 @@ name lets the tests that need that one thing skip when it is missing; an unknown
 
 The helpers used by several test files live here: ``ROOT`` (the repository), ``quad`` (a
 quadratic-task run in process), ``run_sim`` (``run_sim.py`` in a subprocess), the first toy
-problem (``TOY1``, ``toy1``), and ``assert_books_balance`` (the books identity, per worker).
+problem (``TOY1``, ``toy1``), ``assert_books_balance`` (the books identity, per worker), and the
+``kernel`` fixture (a test once with each MLP kernel).
 """
 
 from __future__ import annotations
@@ -93,6 +94,18 @@ def mnist_cache() -> Path:
 
 
 # ---------------------------------------------------------------------------------------- runs
+@pytest.fixture(params=["onednn", "blas"])
+def kernel(request, monkeypatch) -> str:
+    """The test once with the MLP's products through oneDNN (where this torch has them) and once
+    through torch's BLAS (``fl_rescaled.tasks.mnist.onednn``), in this process."""
+    import fl_rescaled.tasks.mnist as mnist
+
+    if request.param == "onednn" and not mnist.onednn():
+        pytest.skip("this torch has no oneDNN inner product")
+    monkeypatch.setattr(mnist, "_ONEDNN", request.param == "onednn")
+    return request.param
+
+
 def quad(**kw):
     """Run a quadratic-task simulation in process and return run()'s outcome dict."""
     from fl_rescaled.experiment import RunSpec, run

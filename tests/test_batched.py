@@ -65,8 +65,7 @@ def test_mnist_batched_equals_one_by_one_and_its_bits_do_not_depend_on_the_threa
         same_bits(batched[0], other)
 
 
-@pytest.mark.parametrize("onednn", [True, False])
-def test_the_mlp_kernel_of_b_jobs_equals_each_job_alone(onednn, monkeypatch):
+def test_the_mlp_kernel_of_b_jobs_equals_each_job_alone(kernel):
     """``mlp_gradients`` of B jobs against ``mlp_gradient`` job by job: per job with oneDNN (the
     same bits), batched products with torch's BLAS (equal within float rounding)."""
     import torch
@@ -74,9 +73,6 @@ def test_the_mlp_kernel_of_b_jobs_equals_each_job_alone(onednn, monkeypatch):
     import fl_rescaled.tasks.mnist as mnist
     from fl_rescaled.tasks.batched import mlp_gradients
 
-    if onednn and not mnist.onednn():
-        pytest.skip("this torch has no oneDNN inner product")
-    monkeypatch.setattr(mnist, "_ONEDNN", onednn)
     rng = np.random.default_rng(5)
     w = torch.from_numpy(np.stack([mnist.MnistTask().initial_params(s) for s in range(3)]))
     xb = torch.from_numpy(rng.standard_normal((3, 64, 784)).astype(np.float32))
@@ -84,7 +80,7 @@ def test_the_mlp_kernel_of_b_jobs_equals_each_job_alone(onednn, monkeypatch):
     g, loss = mlp_gradients(w, xb, yb)
     for j in range(3):
         ref, ref_loss = mnist.mlp_gradient(w[j], xb[j], yb[j])
-        if onednn:
+        if kernel == "onednn":
             np.testing.assert_array_equal(g[j].numpy(), ref)
             assert float(loss[j]) == ref_loss
         else:

@@ -7,17 +7,6 @@ import torch
 from fl_rescaled.tasks import MnistTask, QuadraticTask, build_task, client_rng, mlp_gradient, task_spec
 
 
-@pytest.fixture(params=["onednn", "blas"])
-def kernel(request, monkeypatch):
-    """Each MLP test once with oneDNN's products (where this torch has them) and once with torch's BLAS."""
-    import fl_rescaled.tasks.mnist as mnist
-
-    if request.param == "onednn" and not mnist.onednn():
-        pytest.skip("this torch has no oneDNN inner product")
-    monkeypatch.setattr(mnist, "_ONEDNN", request.param == "onednn")
-    return request.param
-
-
 def _minibatch(seed: int, init: int):
     """A model (initialised with seed ``init``) and a random minibatch of 64 images and labels."""
     rng = np.random.default_rng(seed)
