@@ -46,6 +46,12 @@ def test_the_two_kernels_agree_and_each_gives_the_same_bits_wherever_the_rows_li
             xs = torch.empty(64 * 784 + shift)[shift:].view(64, 784).copy_(xb)
             ws = torch.empty(w.shape[0] + shift)[shift:].copy_(w)
             g, loss = mlp_gradient(ws, xs, yb)
+            if not flag and shift % 16:
+                # MKL may take another path for operands off 64-byte boundaries (Intel documents it, and
+                # the project aligns what it hands MKL): equal within rounding there, bits at 64 bytes.
+                np.testing.assert_allclose(g, got[flag][0], rtol=1e-5, atol=1e-7)
+                assert loss == pytest.approx(got[flag][1], rel=1e-6)
+                continue
             np.testing.assert_array_equal(g, got[flag][0])
             assert loss == got[flag][1]
             if flag:  # oneDNN's bits do not depend on where the gradient is written either (MKL's may)
