@@ -112,6 +112,26 @@ def test_a_worker_that_dies_mid_run_changes_nothing(mnist_cache, monkeypatch, ca
     assert new is not None and new is not killed[0] and not new.broken and new.answered + new.stolen > 0
 
 
+def test_the_worker_runs_the_callers_package_not_one_in_the_working_folder(mnist_cache, tmp_path, monkeypatch):
+    """Run from a folder that holds another ``fl_rescaled`` (a source checkout beside an installed
+    release, another version): the worker imports the caller's package, not that one (``python -P``).
+    Before, ``-m`` put the working folder first, and a worker started there failed (or ran other code)."""
+    shadow = tmp_path / "fl_rescaled"
+    shadow.mkdir()
+    (shadow / "__init__.py").write_text("raise ImportError('the working folder\'s fl_rescaled was imported')\n")
+    monkeypatch.chdir(tmp_path)
+    task, (_, _, starts, sizes), worker = _own_worker(23, slots=2)
+    try:
+        x = task.initial_params(0)
+        rows = minibatch_rows(starts, sizes, [1], [client_rng(23, 1, 4)], 64)[0]
+        g, loss = worker.result(worker.submit(x, rows))
+        ref, ref_loss = mlp_gradient(torch.from_numpy(x), *task.minibatch(1, client_rng(23, 1, 4)))
+        np.testing.assert_allclose(g, ref, rtol=1e-5, atol=1e-7)
+        assert abs(loss - ref_loss) < 1e-5 and not worker.broken
+    finally:
+        worker.close()
+
+
 def test_slots_abandoned_come_back_and_a_full_worker_declines(mnist_cache):
     task, (_, _, starts, sizes), worker = _own_worker(14, slots=2)
     try:
@@ -209,7 +229,7 @@ def test_jobs_the_worker_cannot_compute_run_in_process_and_free_no_slot_early(mn
     fake = tmp_path / "failing_worker.py"
     # (it marks each job taken, as the real worker does before computing: none is computed here instead)
     fake.write_text("import struct, sys\nimport numpy as np\nfrom fl_rescaled.tasks.kernel_process import _layout, _views\n"
-                    "path, slots, size, batch = sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])\n"
+                    "path, slots, size, batch = sys.argv[-5], int(sys.argv[-4]), int(sys.argv[-3]), int(sys.argv[-2])\n"
                     "mem = np.memmap(path, dtype=np.uint8, mode='r+')\n"
                     "taken = _views(mem, _layout(size, batch, slots), size)['taken']\n"
                     "out = sys.stdout.buffer\nout.write(struct.pack('<i', 0x7FFFFFF0)); out.flush()\n"

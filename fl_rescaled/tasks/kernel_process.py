@@ -12,12 +12,13 @@ worker has started it is computed by the caller instead, with the same function
 (``result(steal=True)``: the worker takes jobs in the order they were sent, the caller wants them in
 the order they end).
 
-A worker is started with ``python -m fl_rescaled.tasks.kernel_process``, never by re-importing the
-caller's main module (as multiprocessing's spawn would); a task has ``PROCESSES`` of them (two where
-three cores are free, each job to the least busy), shared by every run of the process with that
-task; each ends when its stdin closes (at the caller's exit, or ``close``). A worker that fails, dies
-or stops answering for ``TIMEOUT`` seconds raises ``KernelProcessError`` for the jobs it held: the
-Grid computes them in process instead, with the same bits.
+A worker is started with ``python -P -m fl_rescaled.tasks.kernel_process`` (the caller's package
+first on its path, not the working folder's), never by re-importing the caller's main module (as
+multiprocessing's spawn would); a task has ``PROCESSES`` of them (two where three cores are free, each
+job to the least busy), shared by every run of the process with that task; each ends when its stdin
+closes (at the caller's exit, or ``close``). A worker that fails, dies or stops answering for
+``TIMEOUT`` seconds raises ``KernelProcessError`` for the jobs it held: the Grid computes them in
+process instead, with the same bits.
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ class KernelProcess:
             self._mem = np.memmap(path, dtype=np.uint8, mode="r+")
             self.arrays = _views(self._mem, layout, size)
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "fl_rescaled.tasks.kernel_process", path, str(self.slots), str(size),
+                [sys.executable, "-P", "-m", "fl_rescaled.tasks.kernel_process", path, str(self.slots), str(size),
                  str(batch), spec],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=_child_env(), bufsize=0)
             self._lock = threading.Lock()
@@ -286,9 +287,8 @@ class KernelProcess:
             return
         with self._lock:
             if slot in self._done or slot in self._failed or slot in self._skipped:
-                self._done.discard(slot)
-                self._failed.discard(slot)
-                self._skipped.discard(slot)
+                for held in (self._done, self._failed, self._skipped):
+                    held.discard(slot)
                 self._free.append(slot)
             else:
                 self._abandoned.add(slot)
