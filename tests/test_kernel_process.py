@@ -132,6 +132,29 @@ def test_the_worker_runs_the_callers_package_not_one_in_the_working_folder(mnist
         worker.close()
 
 
+def test_a_worker_that_cannot_start_says_why_in_the_warning(mnist_cache, tmp_path, monkeypatch, caplog):
+    """A worker that fails before it is ready (here: a stand-in that writes a traceback's last line and
+    exits) is given up with that line in the error and in the run's WARNING, not only "it died"."""
+    import stat
+    import sys
+
+    fake = tmp_path / "broken_worker.py"
+    fake.write_text("import sys\nsys.stderr.write('Traceback (most recent call last):\\n  ...\\n"
+                    "MemoryError: no room for the training images\\n')\nsys.exit(1)\n")
+    exe = tmp_path / "python"
+    exe.write_text(f"#!/bin/sh\nexec {sys.executable} {fake} \"$@\"\n")
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setattr(kp.sys, "executable", str(exe))
+    cfg = {"task": "mnist", "seed": 24, "num-partitions": 10, "batch-size": 64, "dirichlet-alpha": 0.0}
+    task = get_task(cfg)
+    with pytest.raises(kp.KernelProcessError, match="the worker said: MemoryError: no room for the training images"):
+        kp.KernelProcess(task_spec(cfg), task.size, task.batch_size, slots=2)
+    caplog.set_level(logging.WARNING, logger="flwr.fl_rescaled")
+    run(_spec(24, workers=2, budget=3))
+    said = [r.getMessage() for r in caplog.records if "could not start" in r.getMessage()]
+    assert said and all("MemoryError: no room for the training images" in ln for ln in said), said
+
+
 def test_slots_abandoned_come_back_and_a_full_worker_declines(mnist_cache):
     task, (_, _, starts, sizes), worker = _own_worker(14, slots=2)
     try:

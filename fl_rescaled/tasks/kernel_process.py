@@ -12,11 +12,12 @@ worker has started it is computed by the caller instead, with the same function
 (``result(steal=True)``: the worker takes jobs in the order they were sent, the caller wants them in
 the order they end).
 
-A worker is started with ``python -P -m fl_rescaled.tasks.kernel_process`` (the caller's package
-first on its path, not the working folder's), never by re-importing the caller's main module (as
-multiprocessing's spawn would); a task has ``PROCESSES`` of them (two where three cores are free, each
-job to the least busy), shared by every run of the process with that task; each ends when its stdin
-closes (at the caller's exit, or ``close``). A worker that fails, dies or stops answering for
+A worker is started with ``python -P -m fl_rescaled.tasks.kernel_worker`` (the caller's package
+first on its path, not the working folder's; what it writes to stderr before it is ready is quoted
+when it fails to start), never by re-importing the caller's main module (as multiprocessing's spawn
+would); a task has ``PROCESSES`` of them (two where three cores are free, each job to the least
+busy), shared by every run of the process with that task; each ends when its stdin closes (at the
+caller's exit, or ``close``). A worker that fails, dies or stops answering for
 ``TIMEOUT`` seconds raises ``KernelProcessError`` for the jobs it held: the Grid computes them in
 process instead, with the same bits.
 """
@@ -38,8 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from ..settings import available_cores
-from .batched import device_data, onednn, rows_job
-from .registry import get_task
+from .batched import onednn
 
 #: Slots of one worker: jobs sent and not yet collected (two model-sized arrays each: 128 MNIST slots
 #: are 104 MB); with all of them taken a job runs in process.
@@ -115,10 +115,11 @@ class KernelProcess:
             os.close(fd)
             self._mem = np.memmap(path, dtype=np.uint8, mode="r+")
             self.arrays = _views(self._mem, layout, size)
+            self._err = tempfile.TemporaryFile()  # (what the worker says before it is ready: quoted if it fails)
             self._proc = subprocess.Popen(
-                [sys.executable, "-P", "-m", "fl_rescaled.tasks.kernel_process", path, str(self.slots), str(size),
+                [sys.executable, "-P", "-m", "fl_rescaled.tasks.kernel_worker", path, str(self.slots), str(size),
                  str(batch), spec],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=_child_env(), bufsize=0)
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err, env=_child_env(), bufsize=0)
             self._lock = threading.Lock()
             self._inbox = bytearray()
             self._free = list(range(self.slots))[::-1]
@@ -132,11 +133,30 @@ class KernelProcess:
             self._owed = 0  # jobs sent and not answered yet
             self._heard = time.monotonic()  # the last answer (or the first job sent since all were answered)
             self.stolen = 0  # jobs left to the caller (``result(steal=True)``)
-            if self._read() != _READY:
-                raise KernelProcessError("the kernel process did not start")
+            try:
+                ready = self._read() == _READY
+            except KernelProcessError:
+                ready = False
+            if not ready:
+                self._break()
+                said = self._last_words()
+                raise KernelProcessError(f"the worker said: {said}" if said else "the kernel process did not start")
             self.started = True
         finally:
             os.unlink(path)  # (both processes hold the mapping; the file goes when they do)
+            if hasattr(self, "_err"):
+                self._err.close()
+
+    def _last_words(self) -> str:
+        """The last line the worker wrote to stderr (a traceback's last line), or nothing."""
+        try:
+            self._proc.wait(timeout=5)
+            self._err.seek(0, os.SEEK_END)
+            self._err.seek(max(0, self._err.tell() - 4096))
+            lines = [ln.strip() for ln in self._err.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+        return lines[-1][:300] if lines else ""
 
     # -- the pipe
     def _read(self) -> int:
@@ -355,46 +375,3 @@ def close_all() -> None:
             for w in pool:
                 w.close()
         _WORKERS.clear()
-
-
-def _serve(path: str, slots: int, size: int, batch: int, spec: str) -> None:
-    """The worker's loop: read a slot number, compute its job, write the number back (-1 stops)."""
-    out = os.fdopen(os.dup(1), "wb", buffering=0)
-    os.dup2(2, 1)  # (anything the task prints goes to stderr, never into the answers)
-    import torch
-
-    torch.set_num_threads(1)
-    task = get_task(spec)
-    X, Y, _, _ = device_data(task, "cpu")
-    mem = np.memmap(path, dtype=np.uint8, mode="r+")
-    views = _views(mem, _layout(size, batch, slots), size)
-    job, taken, stolen = views.pop("job"), views.pop("taken"), views.pop("stolen")
-    a = {k: torch.from_numpy(v) for k, v in views.items()}
-    out.write(struct.pack("<i", _READY))
-    inp = sys.stdin.buffer
-    while True:
-        data = inp.read(4)
-        if len(data) != 4:
-            return
-        slot = struct.unpack("<i", data)[0]
-        if slot < 0:
-            return
-        try:
-            taken[slot] = 1
-            if stolen[slot]:  # (the caller computes it: see ``KernelProcess.result``)
-                out.write(struct.pack("<i", slot | _SKIPPED))
-                continue
-            steps, lr, prox = (float(v) for v in job[slot])
-            grad = a["grads"][slot:slot + 1]
-            y, loss = rows_job(X, Y, a["models"][slot:slot + 1], a["rows"][slot].view(-1, batch), batch,
-                              int(steps), lr, prox, out=grad)
-            if y.data_ptr() != grad.data_ptr():
-                grad.copy_(y)
-            a["losses"][slot] = loss
-            out.write(struct.pack("<i", slot))
-        except Exception:  # noqa: BLE001 - the caller computes this job in process
-            out.write(struct.pack("<i", slot | _FAILED))
-
-
-if __name__ == "__main__":
-    _serve(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
