@@ -155,6 +155,52 @@ def test_a_worker_that_cannot_start_says_why_in_the_warning(mnist_cache, tmp_pat
     assert said and all("MemoryError: no room for the training images" in ln for ln in said), said
 
 
+def test_the_shared_file_is_reserved_and_a_full_filesystem_leaves_the_jobs_in_process(mnist_cache, monkeypatch,
+                                                                                      caplog):
+    """The worker's shared file has its blocks reserved when it is made: where /dev/shm refuses, the
+    temporary folder takes it; where both refuse (no space), the worker does not start, no file is left
+    behind and the run ends on the bits of ``--workers 1`` with the reason in the WARNING. (Before, the
+    file was sparse: on a filesystem without the room the first write past it killed the run with
+    SIGBUS, tried on an 8 MB tmpfs.)"""
+    import errno
+    import glob
+    import os
+    import tempfile
+
+    real = os.posix_fallocate
+    refused = []
+
+    def fallocate(fd, offset, length, *, where=("/dev/shm",)):
+        target = os.readlink(f"/proc/self/fd/{fd}")
+        if target.startswith(where):
+            refused.append(target)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, offset, length)
+
+    def ours():
+        return set(glob.glob("/dev/shm/fl-rescaled-kernel-*")) | set(
+            glob.glob(os.path.join(tempfile.gettempdir(), "fl-rescaled-kernel-*")))
+
+    before = ours()
+    monkeypatch.setattr(kp.os, "posix_fallocate", fallocate)
+    monkeypatch.setattr(kp, "_room", lambda folder, nbytes: True)  # (/dev/shm tried first on any machine)
+    task, _, worker = _own_worker(25, slots=2)  # (/dev/shm refused: the temporary folder took it)
+    try:
+        x = task.initial_params(0)
+        g, loss = worker.result(worker.submit(x, np.arange(64)))
+        assert np.isfinite(loss) and not worker.broken
+        assert refused or not os.access("/dev/shm", os.W_OK)  # (where there is a /dev/shm, it was refused)
+    finally:
+        worker.close()
+    monkeypatch.setattr(kp.os, "posix_fallocate", lambda fd, o, n: fallocate(fd, o, n, where=("/",)))
+    kp.close_all()
+    caplog.set_level(logging.WARNING, logger="flwr.fl_rescaled")
+    _same_bits(run(_spec(25, workers=1)), run(_spec(25, workers=2)))
+    said = [r.getMessage() for r in caplog.records if "could not start" in r.getMessage()]
+    assert said and all("No space left on device" in ln for ln in said), said
+    assert ours() == before  # (every refused file removed)
+
+
 def test_slots_abandoned_come_back_and_a_full_worker_declines(mnist_cache):
     task, (_, _, starts, sizes), worker = _own_worker(14, slots=2)
     try:

@@ -93,6 +93,32 @@ def _room(folder: str, nbytes: int) -> bool:
     return os.access(folder, os.W_OK) and st.f_bavail * st.f_frsize >= nbytes
 
 
+def _shared_file(nbytes: int) -> str:
+    """A new file of ``nbytes`` with its blocks reserved, in /dev/shm when it has room, else in the
+    temporary folder. A sparse file on a filesystem that fills up kills the process with SIGBUS at the
+    first write past the room ("Bus error"); a refused reservation raises OSError here (jobs in process)."""
+    if _room("/dev/shm", 2 * nbytes):
+        try:
+            return _reserved("/dev/shm", nbytes)
+        except OSError:
+            pass  # (filled since it was measured: the temporary folder then)
+    return _reserved(None, nbytes)
+
+
+def _reserved(folder: str | None, nbytes: int) -> str:
+    fd, path = tempfile.mkstemp(prefix="fl-rescaled-kernel-", dir=folder)
+    try:
+        os.ftruncate(fd, nbytes)
+        if hasattr(os, "posix_fallocate"):  # (Linux, the BSDs; elsewhere the file stays sparse)
+            os.posix_fallocate(fd, 0, nbytes)
+    except OSError:
+        os.unlink(path)
+        raise
+    finally:
+        os.close(fd)
+    return path
+
+
 def _views(mem: np.ndarray, layout: dict, size: int) -> dict[str, np.ndarray]:
     """The arrays of the shared file; each slot's model and gradient without their padding."""
     out = {name: np.ndarray(shape, dtype, buffer=mem, offset=offset)
@@ -108,11 +134,8 @@ class KernelProcess:
         self.spec, self.slots = spec, int(slots)
         self._owner = os.getpid()  # (a forked child must not speak on its parent's pipes)
         layout = _layout(size, batch, self.slots)
-        folder = "/dev/shm" if _room("/dev/shm", 2 * layout["total"][0]) else None  # (else a temporary file)
-        fd, path = tempfile.mkstemp(prefix="fl-rescaled-kernel-", dir=folder)
+        path = _shared_file(layout["total"][0])
         try:
-            os.ftruncate(fd, layout["total"][0])
-            os.close(fd)
             self._mem = np.memmap(path, dtype=np.uint8, mode="r+")
             self.arrays = _views(self._mem, layout, size)
             self._err = tempfile.TemporaryFile()  # (what the worker says before it is ready: quoted if it fails)
