@@ -18,13 +18,18 @@ Both draw step q's minibatch of ``batch_size`` rows without replacement from the
 one generator per job, seeded from (``seed``, partition id, job number): the job number is the
 config's ``job-seq`` when the server sends one, else the count of jobs the node has trained (kept in
 its context's state). So a job's reply is a function of its message and its node's history, and the
-batched reply equals the unbatched one up to float rounding. Models whose buffers change in training
-(BatchNorm's running statistics) are outside this helper: buffers are sent back as received.
+batched reply equals the unbatched one up to float rounding. Torch's own random numbers (dropout)
+come from a seed of the same job's (torch's global generator is set back after the job), so a job
+with dropout gives the same reply on every run; a batch call with dropout raises in ``vmap`` and its
+jobs are trained one by one. Buffers are sent back as received, so a model with running statistics
+(BatchNorm, or any norm layer with ``track_running_stats``) is refused when it is first built: its
+statistics would never move, and its evaluation would be wrong without a word.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -57,6 +62,22 @@ class _Helper:
         self.batch_size, self.local_steps, self.lr, self.seed = int(batch_size), int(local_steps), lr, int(seed)
         self.device, self.arrays_key, self.vmap = device, arrays_key, vmap
         self._data: dict[tuple[int, str], tuple[Any, Any]] = {}
+        self._checked = False
+
+    def model(self, device: str):
+        """A new model on ``device``; the first one is checked for running statistics (see the module)."""
+        model = self.model_fn().to(device)
+        if not self._checked:
+            kept = [f"{f'module {name!r}' if name else 'the model'} ({type(m).__name__})"
+                    for name, m in model.named_modules()
+                    if getattr(m, "track_running_stats", False) and getattr(m, "running_mean", None) is not None]
+            if kept:
+                raise ValueError(
+                    f"torch_client_app: {', '.join(kept)} keeps running statistics, which this helper does not "
+                    "train (replies carry buffers as received: the statistics would never move). Use GroupNorm "
+                    "or LayerNorm, or build the norm layers with track_running_stats=False.")
+            self._checked = True
+        return model
 
     def batches(self, device: str) -> bool:
         """Whether a batch call trains its jobs with one ``vmap`` (else one after the other)."""
@@ -83,6 +104,28 @@ class _Helper:
         pid = int(context.node_config.get("partition-id", 0))
         return np.random.default_rng((self.seed & 0xFFFFFFFF, 0x7B47, pid, _job_number(msg, context)))
 
+    @staticmethod
+    @contextlib.contextmanager
+    def seeded(rng: np.random.Generator | None, device: str) -> Iterator[None]:
+        """Torch's random numbers (a new model's initial weights, dropout) from a seed of the job's own
+        (a child of ``rng``'s seed, so its minibatch draws are untouched; None: not seeded), torch's
+        global generators as they were afterwards."""
+        import torch
+
+        seed = None
+        if rng is not None:  # (63 bits: torch's seeds are signed)
+            seed = int(rng.bit_generator.seed_seq.spawn(1)[0].generate_state(1, np.uint64)[0] >> np.uint64(1))
+        cuda = []
+        if device.startswith("cuda"):
+            index = torch.device(device).index
+            cuda = [torch.cuda.current_device() if index is None else index]
+        with torch.random.fork_rng(devices=cuda):
+            if seed is not None:
+                torch.default_generator.manual_seed(seed)
+                for i in cuda:
+                    torch.cuda.default_generators[i].manual_seed(seed)
+            yield
+
     def reply(self, msg: Message, arrays: dict[str, np.ndarray], loss: float, steps: int) -> Message:
         record = ArrayRecord()
         for name, value in arrays.items():
@@ -100,21 +143,22 @@ def _train_one(h: _Helper, msg: Message, context: Context) -> Message:
 
     steps, lr, device = h.settings(msg)
     state = h.received(msg)
-    model = h.model_fn().to(device)
-    model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in state.items()})
     x, y = h.data(context, device)
     rng = h.rng(msg, context)
-    params = dict(model.named_parameters())
     losses = []
-    for _ in range(steps):
-        idx = torch.from_numpy(h.rows(rng, int(y.shape[0]))).to(device)
-        model.zero_grad(set_to_none=True)
-        loss = h.loss_fn(model(x.index_select(0, idx)), y.index_select(0, idx))
-        loss.backward()
-        with torch.no_grad():
-            for p in params.values():
-                p -= lr * p.grad
-        losses.append(loss.detach())
+    with h.seeded(rng, device):
+        model = h.model(device)
+        model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in state.items()})
+        params = dict(model.named_parameters())
+        for _ in range(steps):
+            idx = torch.from_numpy(h.rows(rng, int(y.shape[0]))).to(device)
+            model.zero_grad(set_to_none=True)
+            loss = h.loss_fn(model(x.index_select(0, idx)), y.index_select(0, idx))
+            loss.backward()
+            with torch.no_grad():
+                for p in params.values():
+                    p -= lr * p.grad
+            losses.append(loss.detach())
     out = {k: (v.detach().cpu().numpy() if k in params else state[k]) for k, v in model.state_dict().items()}
     return h.reply(msg, out, float(torch.stack(losses).double().mean()) if losses else 0.0, steps)
 
@@ -127,7 +171,8 @@ def _train_many(h: _Helper, msgs: Sequence[Message], contexts: Sequence[Context]
     steps, lr, device = h.settings(msgs[0])
     if not h.batches(device):
         return [_train_one(h, m, c) for m, c in zip(msgs, contexts)]
-    model = h.model_fn().to(device)
+    with h.seeded(None, device):  # (its initial weights are not used: torch's generator left alone)
+        model = h.model(device)
     names = [n for n, _ in model.named_parameters()]
     states = [h.received(m) for m in msgs]
     buffers = {n: torch.from_numpy(np.stack([s[n] for s in states])).to(device) for n, _ in model.named_buffers()}

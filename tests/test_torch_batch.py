@@ -95,6 +95,70 @@ def test_the_helper_is_an_ordinary_clientapp_with_a_batch_entry():
     assert not rep.has_error() and list(_arrays(rep)) == list(TinyCNN().state_dict())
 
 
+class DropoutCNN(TinyCNN):
+    def forward(self, x):
+        return self.fc(F.dropout(torch.flatten(F.max_pool2d(F.relu(self.conv(x)), 2), 1), 0.5, self.training))
+
+
+def _one_job_each(app, batch: bool, seqs=(0, 1, 2), model: ArrayRecord | None = None) -> list[Message]:
+    grid = InProcessGrid(app, 3, batch=batch, ahead=False)
+    model = model if model is not None else _models(1)[0]
+    msgs = [grid.create_message(RecordDict({"arrays": model, "config": ConfigRecord({"job-seq": j})}),
+                                "train", n, "1") for j, n in zip(seqs, grid.get_node_ids())]
+    return list(grid.send_and_receive(msgs))
+
+
+@pytest.mark.parametrize("vmap", [True, None])
+def test_dropout_gives_each_job_the_same_reply_on_every_run_and_leaves_torchs_generator_alone(vmap):
+    """Dropout draws from a seed of the job's own: the same jobs give the same bits twice, batched or
+    not (a ``vmap`` call raises on the random op and its jobs are trained one by one), and torch's
+    global generator is where it was. Before, dropout drew from torch's global generator: two runs of
+    the same seed gave other replies."""
+    app = torch_client_app(DropoutCNN, F.cross_entropy, tiny_data, batch_size=8, local_steps=3, lr=0.1, vmap=vmap)
+    model = _models(1)[0]
+    torch.manual_seed(123)
+    state = torch.get_rng_state()
+    first = _one_job_each(app, batch=False, model=model)
+    assert torch.equal(torch.get_rng_state(), state)
+    for again in (_one_job_each(app, batch=False), _one_job_each(app, batch=True)):
+        for a, b in zip(first, again):
+            assert not a.has_error() and not b.has_error()
+            for k, v in _arrays(a).items():
+                np.testing.assert_array_equal(v, _arrays(b)[k])
+    # (another job number on the same node and model: another reply, its own minibatches and masks)
+    other = _one_job_each(app, False, (5, 1, 2), model=model)[0]
+    assert not np.array_equal(_arrays(first[0])["fc.weight"], _arrays(other)["fc.weight"])
+
+
+def test_a_model_with_running_statistics_is_refused_with_the_reason():
+    """BatchNorm keeps running statistics this helper does not train (replies carry the buffers as
+    received): every job fails with the reason, instead of a model whose statistics never move."""
+
+    class WithNorm(TinyCNN):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = nn.BatchNorm2d(3)
+
+        def forward(self, x):
+            return self.fc(torch.flatten(F.max_pool2d(F.relu(self.norm(self.conv(x))), 2), 1))
+
+    app = torch_client_app(WithNorm, F.cross_entropy, tiny_data, batch_size=8)
+    grid = InProcessGrid(app, 1, batch=False)
+    torch.manual_seed(0)
+    msg = grid.create_message(RecordDict({"arrays": ArrayRecord(WithNorm().state_dict()),
+                                          "config": ConfigRecord({"job-seq": 0})}), "train",
+                              next(iter(grid.get_node_ids())), "1")
+    (rep,) = grid.send_and_receive([msg])
+    assert rep.has_error()
+    assert "module 'norm' (BatchNorm2d) keeps running statistics" in rep.error.reason
+    assert "track_running_stats=False" in rep.error.reason
+    fine = torch_client_app(lambda: nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3, track_running_stats=False)),
+                            F.cross_entropy, tiny_data)
+    from fl_rescaled.torch_batch import _Helper
+
+    assert _Helper(fine, None, None, 8, 1, 0.1, 0, "cpu", "arrays", None) is not None
+
+
 @pytest.mark.mnist
 def test_the_examples_batched_app_runs_in_process_and_matches_its_unbatched_replies(monkeypatch, mnist_cache):
     """examples/quickstart-async's ``batched_app`` (its CNN through the helper) with FedBuff in process, and
