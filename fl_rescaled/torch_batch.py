@@ -20,8 +20,8 @@ config's ``job-seq`` when the server sends one, else the count of jobs the node 
 its context's state). So a job's reply is a function of its message and its node's history, and the
 batched reply equals the unbatched one up to float rounding. Torch's own random numbers (dropout)
 come from a seed of the same job's (torch's global generator is set back after the job), so a job
-with dropout gives the same reply on every run; a batch call with dropout raises in ``vmap`` and its
-jobs are trained one by one. Buffers are sent back as received, so a model with running statistics
+with dropout gives the same reply on every run; ``vmap`` refuses random ops, so with dropout the
+jobs of a batch call train one after the other (said once in a WARNING). Buffers are sent back as received, so a model with running statistics
 (BatchNorm, or any norm layer with ``track_running_stats``) is refused when it is first built: its
 statistics would never move, and its evaluation would be wrong without a word.
 """
@@ -29,6 +29,7 @@ statistics would never move, and its evaluation would be wrong without a word.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -39,6 +40,8 @@ from .batching import BatchedClientApp
 from .layout import decode_array, encode_array
 from .messages import JOB_TYPE
 from .tasks.batched import resolve_device
+
+log = logging.getLogger("flwr.fl_rescaled")
 
 #: The context state record where a node counts its trained jobs (when messages carry no ``job-seq``).
 STATE_KEY = "torch-batch"
@@ -100,9 +103,12 @@ class _Helper:
     def rows(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return rng.choice(n, min(self.batch_size, n), replace=False)
 
-    def rng(self, msg: Message, context: Context) -> np.random.Generator:
+    def rng(self, msg: Message, context: Context, job: int | None = None) -> np.random.Generator:
+        """The job's generator (``job``: its number when already read, else read now: a node without
+        ``job-seq`` in its messages counts its jobs, so read each job's number once)."""
         pid = int(context.node_config.get("partition-id", 0))
-        return np.random.default_rng((self.seed & 0xFFFFFFFF, 0x7B47, pid, _job_number(msg, context)))
+        job = _job_number(msg, context) if job is None else job
+        return np.random.default_rng((self.seed & 0xFFFFFFFF, 0x7B47, pid, job))
 
     @staticmethod
     @contextlib.contextmanager
@@ -137,14 +143,14 @@ class _Helper:
         return {k: decode_array(a) for k, a in msg.content[self.arrays_key].items()}
 
 
-def _train_one(h: _Helper, msg: Message, context: Context) -> Message:
-    """The unbatched entry: ``nn.Module`` and autograd."""
+def _train_one(h: _Helper, msg: Message, context: Context, job: int | None = None) -> Message:
+    """The unbatched entry: ``nn.Module`` and autograd (``job``: the job's number, when already read)."""
     import torch
 
     steps, lr, device = h.settings(msg)
     state = h.received(msg)
     x, y = h.data(context, device)
-    rng = h.rng(msg, context)
+    rng = h.rng(msg, context, job)
     losses = []
     with h.seeded(rng, device):
         model = h.model(device)
@@ -178,7 +184,8 @@ def _train_many(h: _Helper, msgs: Sequence[Message], contexts: Sequence[Context]
     buffers = {n: torch.from_numpy(np.stack([s[n] for s in states])).to(device) for n, _ in model.named_buffers()}
     start = {n: torch.from_numpy(np.stack([s[n] for s in states])).to(device) for n in names}
     data = [h.data(c, device) for c in contexts]
-    rngs = [h.rng(m, c) for m, c in zip(msgs, contexts)]
+    jobs = [_job_number(m, c) for m, c in zip(msgs, contexts)]
+    rngs = [h.rng(m, c, j) for m, c, j in zip(msgs, contexts, jobs)]
 
     def loss_of(params, bufs, xb, yb):
         return h.loss_fn(functional_call(model, (params, bufs), (xb,)), yb)
@@ -186,13 +193,21 @@ def _train_many(h: _Helper, msgs: Sequence[Message], contexts: Sequence[Context]
     step = vmap(grad_and_value(loss_of))
     params = dict(start)
     losses = []
-    for _ in range(steps):
-        rows = [torch.from_numpy(h.rows(r, int(y.shape[0]))).to(device) for r, (_, y) in zip(rngs, data)]
-        xb = torch.stack([x.index_select(0, i) for (x, _), i in zip(data, rows)])
-        yb = torch.stack([y.index_select(0, i) for (_, y), i in zip(data, rows)])
-        grads, loss = step(params, buffers, xb, yb)
-        params = {n: params[n] - lr * grads[n] for n in names}
-        losses.append(loss.detach().double())
+    try:
+        for _ in range(steps):
+            rows = [torch.from_numpy(h.rows(r, int(y.shape[0]))).to(device) for r, (_, y) in zip(rngs, data)]
+            xb = torch.stack([x.index_select(0, i) for (x, _), i in zip(data, rows)])
+            yb = torch.stack([y.index_select(0, i) for (_, y), i in zip(data, rows)])
+            grads, loss = step(params, buffers, xb, yb)
+            params = {n: params[n] - lr * grads[n] for n in names}
+            losses.append(loss.detach().double())
+    except RuntimeError as exc:  # (a random op, dropout: vmap refuses it; the jobs' own seeds, one by one)
+        if "randomness" not in str(exc):
+            raise
+        h.vmap = False
+        log.warning("torch_client_app: the model draws random numbers (dropout), which one vmap of its jobs "
+                    "cannot; its jobs train one after the other from now on, with the replies of one by one.")
+        return [_train_one(h, m, c, j) for m, c, j in zip(msgs, contexts, jobs)]
     mean = torch.stack(losses).mean(0).cpu().numpy() if losses else np.zeros(len(msgs))
     host = {n: v.detach().cpu().numpy() for n, v in params.items()}
     replies = []

@@ -101,30 +101,43 @@ class DropoutCNN(TinyCNN):
 
 
 def _one_job_each(app, batch: bool, seqs=(0, 1, 2), model: ArrayRecord | None = None) -> list[Message]:
+    """One job per node of a new 3-node Grid (``seqs``: their ``job-seq``; None: none sent, each node
+    counts its jobs), a fourth to the first node: the replies, in order."""
     grid = InProcessGrid(app, 3, batch=batch, ahead=False)
     model = model if model is not None else _models(1)[0]
-    msgs = [grid.create_message(RecordDict({"arrays": model, "config": ConfigRecord({"job-seq": j})}),
-                                "train", n, "1") for j, n in zip(seqs, grid.get_node_ids())]
+    nodes = list(grid.get_node_ids())
+    cfgs = [ConfigRecord({"job-seq": j}) for j in seqs] if seqs is not None else [ConfigRecord() for _ in nodes]
+    msgs = [grid.create_message(RecordDict({"arrays": model, "config": c}), "train", n, "1")
+            for c, n in zip([*cfgs, cfgs[0]], [*nodes, nodes[0]])]
     return list(grid.send_and_receive(msgs))
 
 
+@pytest.mark.parametrize("with_seq", [True, False])
 @pytest.mark.parametrize("vmap", [True, None])
-def test_dropout_gives_each_job_the_same_reply_on_every_run_and_leaves_torchs_generator_alone(vmap):
+def test_dropout_gives_each_job_the_same_reply_on_every_run_and_leaves_torchs_generator_alone(vmap, with_seq,
+                                                                                            caplog):
     """Dropout draws from a seed of the job's own: the same jobs give the same bits twice, batched or
-    not (a ``vmap`` call raises on the random op and its jobs are trained one by one), and torch's
-    global generator is where it was. Before, dropout drew from torch's global generator: two runs of
-    the same seed gave other replies."""
+    not, and torch's global generator is where it was. Before, dropout drew from torch's global
+    generator: two runs of the same seed gave other replies. With ``vmap`` the batch call meets the
+    random op, says so once and trains its jobs one after the other, with the job numbers it read
+    (without ``job-seq`` a node counts its jobs: the call must not count them twice)."""
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="flwr.fl_rescaled")
     app = torch_client_app(DropoutCNN, F.cross_entropy, tiny_data, batch_size=8, local_steps=3, lr=0.1, vmap=vmap)
     model = _models(1)[0]
     torch.manual_seed(123)
     state = torch.get_rng_state()
-    first = _one_job_each(app, batch=False, model=model)
+    seqs = (0, 1, 2) if with_seq else None
+    first = _one_job_each(app, batch=False, model=model, seqs=seqs)
     assert torch.equal(torch.get_rng_state(), state)
-    for again in (_one_job_each(app, batch=False), _one_job_each(app, batch=True)):
+    for again in (_one_job_each(app, batch=False, seqs=seqs), _one_job_each(app, batch=True, seqs=seqs)):
         for a, b in zip(first, again):
             assert not a.has_error() and not b.has_error()
             for k, v in _arrays(a).items():
                 np.testing.assert_array_equal(v, _arrays(b)[k])
+    said = [r.getMessage() for r in caplog.records if "draws random numbers" in r.getMessage()]
+    assert len(said) == (1 if vmap else 0), said
     # (another job number on the same node and model: another reply, its own minibatches and masks)
     other = _one_job_each(app, False, (5, 1, 2), model=model)[0]
     assert not np.array_equal(_arrays(first[0])["fc.weight"], _arrays(other)["fc.weight"])
