@@ -17,11 +17,13 @@ the trained model, in the message's own ``ArrayRecord`` layout (its ``state_dict
 Both draw step q's minibatch of ``batch_size`` rows without replacement from the client's data with
 one generator per job, seeded from (``seed``, partition id, job number): the job number is the
 config's ``job-seq`` when the server sends one, else the count of jobs the node has trained (kept in
-its context's state). So a job's reply is a function of its message and its node's history, and the
-batched reply equals the unbatched one up to float rounding. Torch's own random numbers (dropout)
-come from a seed of the same job's (torch's global generator is set back after the job), so a job
-with dropout gives the same reply on every run; ``vmap`` refuses random ops, so with dropout the
-jobs of a batch call train one after the other (said once in a WARNING). Buffers are sent back as received, so a model with running statistics
+its context's state, and moved only once a call's replies are made: a batch call that raises, redone
+one by one by the Grid, counts nothing). So a job's reply is a function of its message and its
+node's history, and the batched reply equals the unbatched one up to float rounding. Torch's own
+random numbers (dropout) come from a seed of the same job's (torch's global generator is set back
+after the job), so a job with dropout gives the same reply on every run; ``vmap`` refuses random
+ops, so with dropout the jobs of a batch call train one after the other (said once in a WARNING).
+Buffers are sent back as received, so a model with running statistics
 (BatchNorm, or any norm layer with ``track_running_stats``) is refused when it is first built: its
 statistics would never move, and its evaluation would be wrong without a word.
 """
@@ -47,14 +49,26 @@ log = logging.getLogger("flwr.fl_rescaled")
 STATE_KEY = "torch-batch"
 
 
-def _job_number(msg: Message, context: Context) -> int:
-    cfg = msg.content["config"] if "config" in msg.content else ConfigRecord()
-    if "job-seq" in cfg:
-        return int(cfg["job-seq"])
-    rec = context.state.get(STATE_KEY) if STATE_KEY in context.state else None
-    seq = int(rec["jobs"]) if rec is not None else 0
-    context.state[STATE_KEY] = ConfigRecord({"jobs": seq + 1})
-    return seq
+def _job_numbers(msgs: Sequence[Message], contexts: Sequence[Context]) -> tuple[list[int], dict]:
+    """Each job's number: the config's ``job-seq``, else the next of its node's count (kept in its
+    context's state), and the counts to keep once the jobs are answered (``_count``): a batch call that
+    raises is redone one by one by the Grid, and must not have counted its jobs already."""
+    numbers, counted = [], {}
+    for msg, context in zip(msgs, contexts):
+        cfg = msg.content["config"] if "config" in msg.content else ConfigRecord()
+        if "job-seq" in cfg:
+            numbers.append(int(cfg["job-seq"]))
+            continue
+        rec = context.state.get(STATE_KEY) if STATE_KEY in context.state else None
+        seq = counted[id(context)][1] if id(context) in counted else (int(rec["jobs"]) if rec is not None else 0)
+        numbers.append(seq)
+        counted[id(context)] = (context, seq + 1)
+    return numbers, counted
+
+
+def _count(counted: dict) -> None:
+    for context, jobs in counted.values():
+        context.state[STATE_KEY] = ConfigRecord({"jobs": jobs})
 
 
 class _Helper:
@@ -103,11 +117,9 @@ class _Helper:
     def rows(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return rng.choice(n, min(self.batch_size, n), replace=False)
 
-    def rng(self, msg: Message, context: Context, job: int | None = None) -> np.random.Generator:
-        """The job's generator (``job``: its number when already read, else read now: a node without
-        ``job-seq`` in its messages counts its jobs, so read each job's number once)."""
+    def rng(self, context: Context, job: int) -> np.random.Generator:
+        """The generator of job number ``job`` (``_job_numbers``) on the node of ``context``."""
         pid = int(context.node_config.get("partition-id", 0))
-        job = _job_number(msg, context) if job is None else job
         return np.random.default_rng((self.seed & 0xFFFFFFFF, 0x7B47, pid, job))
 
     @staticmethod
@@ -144,13 +156,23 @@ class _Helper:
 
 
 def _train_one(h: _Helper, msg: Message, context: Context, job: int | None = None) -> Message:
-    """The unbatched entry: ``nn.Module`` and autograd (``job``: the job's number, when already read)."""
+    """The unbatched entry: ``nn.Module`` and autograd (``job``: the job's number, read by a batch call;
+    else read here, and the node's count moved once the reply is made)."""
+    counted = {}
+    if job is None:
+        (job,), counted = _job_numbers([msg], [context])
+    reply = _trained(h, msg, context, job)
+    _count(counted)
+    return reply
+
+
+def _trained(h: _Helper, msg: Message, context: Context, job: int) -> Message:
     import torch
 
     steps, lr, device = h.settings(msg)
     state = h.received(msg)
     x, y = h.data(context, device)
-    rng = h.rng(msg, context, job)
+    rng = h.rng(context, job)
     losses = []
     with h.seeded(rng, device):
         model = h.model(device)
@@ -170,13 +192,22 @@ def _train_one(h: _Helper, msg: Message, context: Context, job: int | None = Non
 
 
 def _train_many(h: _Helper, msgs: Sequence[Message], contexts: Sequence[Context]) -> list[Message]:
-    """The batched entry: one ``vmap(grad(functional_call))`` per local step for all the jobs."""
+    """The batched entry; the nodes' job counts move only when every job of the call is answered."""
+    jobs, counted = _job_numbers(msgs, contexts)
+    replies = _train_all(h, msgs, contexts, jobs)
+    _count(counted)
+    return replies
+
+
+def _train_all(h: _Helper, msgs: Sequence[Message], contexts: Sequence[Context], jobs: list[int]) -> list[Message]:
+    """One ``vmap(grad(functional_call))`` per local step for all the jobs (or, on the CPU by default,
+    one job after the other with the unbatched code)."""
     import torch
     from torch.func import functional_call, grad_and_value, vmap
 
     steps, lr, device = h.settings(msgs[0])
     if not h.batches(device):
-        return [_train_one(h, m, c) for m, c in zip(msgs, contexts)]
+        return [_train_one(h, m, c, j) for m, c, j in zip(msgs, contexts, jobs)]
     with h.seeded(None, device):  # (its initial weights are not used: torch's generator left alone)
         model = h.model(device)
     names = [n for n, _ in model.named_parameters()]
@@ -184,8 +215,7 @@ def _train_many(h: _Helper, msgs: Sequence[Message], contexts: Sequence[Context]
     buffers = {n: torch.from_numpy(np.stack([s[n] for s in states])).to(device) for n, _ in model.named_buffers()}
     start = {n: torch.from_numpy(np.stack([s[n] for s in states])).to(device) for n in names}
     data = [h.data(c, device) for c in contexts]
-    jobs = [_job_number(m, c) for m, c in zip(msgs, contexts)]
-    rngs = [h.rng(m, c, j) for m, c, j in zip(msgs, contexts, jobs)]
+    rngs = [h.rng(c, j) for c, j in zip(contexts, jobs)]
 
     def loss_of(params, bufs, xb, yb):
         return h.loss_fn(functional_call(model, (params, bufs), (xb,)), yb)

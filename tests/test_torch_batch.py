@@ -143,6 +143,30 @@ def test_dropout_gives_each_job_the_same_reply_on_every_run_and_leaves_torchs_ge
     assert not np.array_equal(_arrays(first[0])["fc.weight"], _arrays(other)["fc.weight"])
 
 
+def test_a_batch_call_that_fails_does_not_count_its_jobs_twice():
+    """Without ``job-seq`` a node counts its jobs. A batch call with one bad job (arrays of another
+    shape) raises and the Grid redoes its jobs one by one: the good jobs get the numbers, and so the
+    replies, they get unbatched (before, the failed call had counted them already), the bad one its
+    own error."""
+    def jobs(grid):
+        nodes = list(grid.get_node_ids())
+        bad = ArrayRecord({k: torch.zeros(2, 2) for k in TinyCNN().state_dict()})
+        models = [_models(1)[0], bad, _models(1)[0], _models(1)[0]]
+        return [grid.create_message(RecordDict({"arrays": m, "config": ConfigRecord()}), "train", n, "1")
+                for m, n in zip(models, [*nodes, nodes[0]])]
+
+    replies = {}
+    for batch in (False, True):
+        grid = InProcessGrid(_app(), 3, batch=batch, ahead=False)
+        replies[batch] = list(grid.send_and_receive(jobs(grid)))
+    assert [r.has_error() for r in replies[True]] == [r.has_error() for r in replies[False]] == [False, True, False,
+                                                                                                 False]
+    for one, many in zip(replies[False], replies[True]):
+        if not one.has_error():
+            for k, v in _arrays(one).items():
+                np.testing.assert_array_equal(v, _arrays(many)[k])
+
+
 def test_a_model_with_running_statistics_is_refused_with_the_reason():
     """BatchNorm keeps running statistics this helper does not train (replies carry the buffers as
     received): every job fails with the reason, instead of a model whose statistics never move."""
