@@ -68,7 +68,10 @@ class BatchedClientApp(ClientApp):
         @app.batch(key=lambda msg: "train" if msg.metadata.message_type == "train" else None)
         def train_many(msgs, contexts): ...
 
-    Flower's runtimes never see the batch entry; the in-process Grid uses it (``batch_entry``).
+    Flower's runtimes never see the batch entry; the in-process Grid uses it (``batch_entry``). A call
+    that raises, or returns another number of replies, is redone one message at a time through the
+    single-message functions (each failing job then gets its own error reply): a batch entry should
+    write to a context's state only once its replies are made, or the redone jobs see it twice.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
