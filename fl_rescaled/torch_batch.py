@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
+import numbers
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -104,8 +106,10 @@ class _Helper:
         pid = int(context.node_config.get("partition-id", 0))
         got = self._data.get((pid, device))
         if got is None:
-            x, y = self.data_fn(context)
-            got = self._data[(pid, device)] = (x.to(device), y.to(device))
+            import torch
+
+            x, y = self.data_fn(context)  # (tensors, or arrays torch can take: numpy's)
+            got = self._data[(pid, device)] = (torch.as_tensor(x).to(device), torch.as_tensor(y).to(device))
         return got
 
     def settings(self, msg: Message) -> tuple[int, float, str]:
@@ -260,10 +264,11 @@ def torch_client_app(model_fn: Callable[[], Any], loss_fn: Callable, data_fn: Ca
     loss_fn : callable
         ``loss_fn(outputs, targets)``, a scalar mean over the minibatch (``F.cross_entropy``).
     data_fn : callable
-        ``data_fn(context)``: the node's training (inputs, targets) tensors; called once per partition.
+        ``data_fn(context)``: the node's training (inputs, targets), tensors or arrays (numpy's);
+        called once per partition.
     batch_size, local_steps, lr : int, int, float
-        Rows per minibatch, SGD steps per job, learning rate (a job config's ``local-steps`` and
-        ``local-lr`` or ``lr`` override the last two).
+        Rows per minibatch, SGD steps per job (positive integers), learning rate (positive, finite);
+        a job config's ``local-steps`` and ``local-lr`` or ``lr`` override the last two.
     seed : int
         Seeds the minibatch draws (with the partition id and the job number).
     device : str
@@ -282,6 +287,11 @@ def torch_client_app(model_fn: Callable[[], Any], loss_fn: Callable, data_fn: Ca
     BatchedClientApp
         Register an ``@app.evaluate()`` function on it as on any ClientApp.
     """
+    for name, value in (("batch_size", batch_size), ("local_steps", local_steps)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not (math.isfinite(lr) and lr > 0):
+        raise ValueError(f"lr must be a positive finite number, got {lr!r}")
     h = _Helper(model_fn, loss_fn, data_fn, batch_size, local_steps, lr, seed, device, arrays_key, vmap)
     app = BatchedClientApp()
 

@@ -167,6 +167,26 @@ def test_a_batch_call_that_fails_does_not_count_its_jobs_twice():
                 np.testing.assert_array_equal(v, _arrays(many)[k])
 
 
+def test_the_helpers_options_are_checked_and_numpy_data_is_taken():
+    """A minibatch of 0 rows, no local step or a learning rate that is not a positive number is refused
+    when the app is built (before, a job trained on nothing and replied NaN); ``data_fn`` may return
+    numpy arrays (as ``flwr-datasets`` with the numpy format gives them), not only tensors."""
+    for bad in (dict(batch_size=0), dict(batch_size=2.5), dict(batch_size=True), dict(local_steps=0),
+                dict(lr=0.0), dict(lr=float("nan")), dict(lr=float("inf")), dict(lr="0.1"), dict(lr=True)):
+        with pytest.raises(ValueError, match="must be a positive"):
+            torch_client_app(TinyCNN, F.cross_entropy, tiny_data, **bad)
+    app = torch_client_app(TinyCNN, F.cross_entropy, lambda c: tuple(t.numpy() for t in tiny_data(c)),
+                           batch_size=np.int64(8), local_steps=3, lr=np.float32(0.1))
+    reference = _app()
+    msg = Message(RecordDict({"arrays": _models(1)[0], "config": ConfigRecord({"job-seq": 0})}), 5, "train")
+    ctx = Context(run_id=1, node_id=5, node_config={"partition-id": 0, "num-partitions": 1}, state=RecordDict(),
+                  run_config={})
+    got, want = app(msg, ctx), reference(msg, ctx)
+    assert not got.has_error()
+    for k, v in _arrays(want).items():
+        np.testing.assert_allclose(_arrays(got)[k], v, rtol=1e-6, atol=1e-7)
+
+
 def test_a_model_with_running_statistics_is_refused_with_the_reason():
     """BatchNorm keeps running statistics this helper does not train (replies carry the buffers as
     received): every job fails with the reason, instead of a model whose statistics never move."""
