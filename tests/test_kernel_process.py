@@ -52,6 +52,20 @@ def _worker(seed: int) -> kp.KernelProcess | None:
     return found[0][0] if found and found[0] else None
 
 
+def _stand_in_python(tmp_path, script: str) -> str:
+    """An executable, for ``sys.executable``, that runs ``script`` (a stand-in worker) with the worker's
+    arguments."""
+    import stat
+    import sys
+
+    fake = tmp_path / "stand_in_worker.py"
+    fake.write_text(script)
+    exe = tmp_path / "python"
+    exe.write_text(f"#!/bin/sh\nexec {sys.executable} {fake} \"$@\"\n")
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    return str(exe)
+
+
 def test_the_worker_answers_the_jobs_with_the_bits_of_one_process(mnist_cache):
     one = run(_spec(11, workers=1))
     two = run(_spec(11, workers=2))
@@ -135,16 +149,9 @@ def test_the_worker_runs_the_callers_package_not_one_in_the_working_folder(mnist
 def test_a_worker_that_cannot_start_says_why_in_the_warning(mnist_cache, tmp_path, monkeypatch, caplog):
     """A worker that fails before it is ready (here: a stand-in that writes a traceback's last line and
     exits) is given up with that line in the error and in the run's WARNING, not only "it died"."""
-    import stat
-    import sys
-
-    fake = tmp_path / "broken_worker.py"
-    fake.write_text("import sys\nsys.stderr.write('Traceback (most recent call last):\\n  ...\\n"
-                    "MemoryError: no room for the training images\\n')\nsys.exit(1)\n")
-    exe = tmp_path / "python"
-    exe.write_text(f"#!/bin/sh\nexec {sys.executable} {fake} \"$@\"\n")
-    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setattr(kp.sys, "executable", str(exe))
+    monkeypatch.setattr(kp.sys, "executable", _stand_in_python(
+        tmp_path, "import sys\nsys.stderr.write('Traceback (most recent call last):\\n  ...\\n"
+                  "MemoryError: no room for the training images\\n')\nsys.exit(1)\n"))
     cfg = {"task": "mnist", "seed": 24, "num-partitions": 10, "batch-size": 64, "dirichlet-alpha": 0.0}
     task = get_task(cfg)
     with pytest.raises(kp.KernelProcessError, match="the worker said: MemoryError: no room for the training images"):
@@ -238,8 +245,6 @@ def test_a_worker_that_hangs_or_answers_a_slot_not_ours_is_given_up(mnist_cache,
     once: both runs end on the bits of ``--workers 1``, each said in one WARNING line."""
     import os
     import signal
-    import stat
-    import sys
     import time
 
     caplog.set_level(logging.WARNING, logger="flwr.fl_rescaled")
@@ -263,13 +268,9 @@ def test_a_worker_that_hangs_or_answers_a_slot_not_ours_is_given_up(mnist_cache,
     assert any("no answer within 1 s" in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
     monkeypatch.setattr(kp.KernelProcess, "submit", submit)
 
-    fake = tmp_path / "fake_worker.py"
-    fake.write_text("import struct, sys\nout = sys.stdout.buffer\nout.write(struct.pack('<i', 0x7FFFFFF0)); out.flush()\n"
-                    "while len(sys.stdin.buffer.read(4)) == 4:\n    out.write(struct.pack('<i', 999)); out.flush()\n")
-    exe = tmp_path / "python"
-    exe.write_text(f"#!/bin/sh\nexec {sys.executable} {fake} \"$@\"\n")
-    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setattr(kp.sys, "executable", str(exe))
+    monkeypatch.setattr(kp.sys, "executable", _stand_in_python(
+        tmp_path, "import struct, sys\nout = sys.stdout.buffer\nout.write(struct.pack('<i', 0x7FFFFFF0)); out.flush()\n"
+                  "while len(sys.stdin.buffer.read(4)) == 4:\n    out.write(struct.pack('<i', 999)); out.flush()\n"))
     caplog.clear()
     _same_bits(run(_spec(17, workers=1)), run(_spec(17, workers=2)))
     assert any("it answered slot 999" in r.getMessage() for r in caplog.records)
@@ -291,25 +292,20 @@ def test_jobs_the_worker_cannot_compute_run_in_process_and_free_no_slot_early(mn
     """A fake worker that answers every job "could not compute", jobs pulled out of the order they were
     sent: each is computed in process as soon as it is pulled (no wait for the timeout), the run ends on
     the bits of ``--workers 1``, and one WARNING line says so."""
-    import stat
-    import sys
 
     caplog.set_level(logging.WARNING, logger="flwr.fl_rescaled")
-    fake = tmp_path / "failing_worker.py"
     # (it marks each job taken, as the real worker does before computing: none is computed here instead)
-    fake.write_text("import struct, sys\nimport numpy as np\nfrom fl_rescaled.tasks.kernel_process import _layout, _views\n"
-                    "path, slots, size, batch = sys.argv[-5], int(sys.argv[-4]), int(sys.argv[-3]), int(sys.argv[-2])\n"
-                    "mem = np.memmap(path, dtype=np.uint8, mode='r+')\n"
-                    "taken = _views(mem, _layout(size, batch, slots), size)['taken']\n"
-                    "out = sys.stdout.buffer\nout.write(struct.pack('<i', 0x7FFFFFF0)); out.flush()\n"
-                    "while len(d := sys.stdin.buffer.read(4)) == 4:\n"
-                    "    slot = struct.unpack('<i', d)[0]\n    taken[slot] = 1\n"
-                    "    out.write(struct.pack('<i', slot | 0x40000000)); out.flush()\n")
-    exe = tmp_path / "python"
-    exe.write_text(f"#!/bin/sh\nexec {sys.executable} {fake} \"$@\"\n")
-    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    exe = _stand_in_python(
+        tmp_path, "import struct, sys\nimport numpy as np\nfrom fl_rescaled.tasks.kernel_process import _layout, _views\n"
+                  "path, slots, size, batch = sys.argv[-5], int(sys.argv[-4]), int(sys.argv[-3]), int(sys.argv[-2])\n"
+                  "mem = np.memmap(path, dtype=np.uint8, mode='r+')\n"
+                  "taken = _views(mem, _layout(size, batch, slots), size)['taken']\n"
+                  "out = sys.stdout.buffer\nout.write(struct.pack('<i', 0x7FFFFFF0)); out.flush()\n"
+                  "while len(d := sys.stdin.buffer.read(4)) == 4:\n"
+                  "    slot = struct.unpack('<i', d)[0]\n    taken[slot] = 1\n"
+                  "    out.write(struct.pack('<i', slot | 0x40000000)); out.flush()\n")
     one = run(_spec(19, workers=1))
-    monkeypatch.setattr(kp.sys, "executable", str(exe))
+    monkeypatch.setattr(kp.sys, "executable", exe)
     monkeypatch.setattr(kp, "TIMEOUT", 5.0)
     _same_bits(one, run(_spec(19, workers=2)))
     lines = [r.getMessage() for r in caplog.records]
