@@ -159,18 +159,16 @@ class _Helper:
         return {k: decode_array(a) for k, a in msg.content[self.arrays_key].items()}
 
 
-def _train_one(h: _Helper, msg: Message, context: Context, job: int | None = None) -> Message:
-    """The unbatched entry: ``nn.Module`` and autograd (``job``: the job's number, read by a batch call;
-    else read here, and the node's count moved once the reply is made)."""
-    counted = {}
-    if job is None:
-        (job,), counted = _job_numbers([msg], [context])
+def _train_one(h: _Helper, msg: Message, context: Context) -> Message:
+    """The unbatched entry; the node's job count moves once the reply is made."""
+    (job,), counted = _job_numbers([msg], [context])
     reply = _trained(h, msg, context, job)
     _count(counted)
     return reply
 
 
 def _trained(h: _Helper, msg: Message, context: Context, job: int) -> Message:
+    """Job number ``job`` with ``nn.Module`` and autograd."""
     import torch
 
     steps, lr, device = h.settings(msg)
@@ -211,7 +209,7 @@ def _train_all(h: _Helper, msgs: Sequence[Message], contexts: Sequence[Context],
 
     steps, lr, device = h.settings(msgs[0])
     if not h.batches(device):
-        return [_train_one(h, m, c, j) for m, c, j in zip(msgs, contexts, jobs)]
+        return [_trained(h, m, c, j) for m, c, j in zip(msgs, contexts, jobs)]
     with h.seeded(None, device):  # (its initial weights are not used: torch's generator left alone)
         model = h.model(device)
     names = [n for n, _ in model.named_parameters()]
@@ -241,7 +239,7 @@ def _train_all(h: _Helper, msgs: Sequence[Message], contexts: Sequence[Context],
         h.vmap = False
         log.warning("torch_client_app: the model draws random numbers (dropout), which one vmap of its jobs "
                     "cannot; its jobs train one after the other from now on, with the replies of one by one.")
-        return [_train_one(h, m, c, j) for m, c, j in zip(msgs, contexts, jobs)]
+        return [_trained(h, m, c, j) for m, c, j in zip(msgs, contexts, jobs)]
     mean = torch.stack(losses).mean(0).cpu().numpy() if losses else np.zeros(len(msgs))
     host = {n: v.detach().cpu().numpy() for n, v in params.items()}
     replies = []
