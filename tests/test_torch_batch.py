@@ -209,11 +209,16 @@ def test_a_model_with_running_statistics_is_refused_with_the_reason():
     assert rep.has_error()
     assert "module 'norm' (BatchNorm2d) keeps running statistics" in rep.error.reason
     assert "track_running_stats=False" in rep.error.reason
-    fine = torch_client_app(lambda: nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3, track_running_stats=False)),
-                            F.cross_entropy, tiny_data)
     from fl_rescaled.torch_batch import _Helper
 
-    assert _Helper(fine, None, None, 8, 1, 0.1, 0, "cpu", "arrays", None) is not None
+    def without_statistics():  # (the same norm layer, built without running statistics: taken)
+        return nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3, track_running_stats=False))
+
+    helper = _Helper(without_statistics, F.cross_entropy, tiny_data, 8, 1, 0.1, 0, "cpu", "arrays", None)
+    assert isinstance(helper.model("cpu"), nn.Sequential)
+    with pytest.raises(ValueError, match=r"module '1' \(BatchNorm1d\) keeps running statistics"):
+        _Helper(lambda: nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3)), F.cross_entropy, tiny_data, 8, 1, 0.1, 0,
+                "cpu", "arrays", None).model("cpu")
 
 
 @pytest.mark.mnist
