@@ -11,7 +11,8 @@ every gradient free, the loop alone: the bound with enough worker processes), an
 as soon as they are sent). Bare loops, same N steps on the same partitions:
   (1) "same gradient": the task's own gradient function, a Python loop and an in-place update, on
       one torch thread and on torch's default threads;
-      and on one thread with torch's default BLAS (``FL_RESCALED_ONEDNN=0``: what the kernel alone gains);
+      and on one thread with the other kernel (torch's BLAS where the default is oneDNN, oneDNN where
+      it is BLAS, ``mnist.onednn``: what the kernel choice alone changes on this CPU);
   (2) "idiomatic":     nn.Sequential + CrossEntropyLoss + autograd + manual SGD step (default threads, 1);
   (3) "batched kernel": C = 10 jobs' minibatch draws and gradients per call (``mnist_jobs``), in
       chunks of ``CPU_CHUNK`` jobs spread over 1 or 2 threads as the stack's batches are, and the same
@@ -121,10 +122,10 @@ def bench_batched_kernel(n_steps: int, task, threads: int, jobs: int = 10) -> fl
     return rate
 
 
-def bench_bare_blas(n_steps: int, task) -> float:
-    """The "same gradient" bare loop on one thread with torch's default BLAS for the two large products
-    (as ``FL_RESCALED_ONEDNN=0``), not oneDNN's inner product: what the kernel choice alone gains."""
-    default, mnist._ONEDNN = mnist._ONEDNN, False
+def bench_bare_other_kernel(n_steps: int, task) -> float:
+    """The "same gradient" bare loop on one thread with the other kernel for the two large products
+    (torch's BLAS where this CPU's default is oneDNN's inner product, and the reverse)."""
+    default, mnist._ONEDNN = mnist._ONEDNN, not mnist.onednn()
     try:
         return bench_bare_same_gradient(n_steps, task, 1)
     finally:
@@ -164,6 +165,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     default_threads = torch.get_num_threads()
+    other = "torch's BLAS" if mnist.onednn() else "oneDNN"
     task = get_task({"task": "mnist", "seed": 0, "num-partitions": 10, "batch-size": 64,
                      "dirichlet-alpha": 0.0})
     task.partition(0)
@@ -180,10 +182,11 @@ def main() -> None:
         "bare, same gradient, 1 thread": lambda: bench_bare_same_gradient(args.updates, task, 1),
         f"bare, same gradient, {default_threads} threads": lambda: bench_bare_same_gradient(args.updates, task,
                                                                                            default_threads),
-        "bare, same gradient, 1 thread, torch's BLAS": lambda: bench_bare_blas(args.updates, task),
         f"bare, idiomatic autograd, {default_threads} threads": lambda: bench_bare_idiomatic(args.updates, task),
         "bare, idiomatic autograd, 1 thread": lambda: bench_bare_idiomatic(args.updates, task, 1),
     }
+    if mnist.onednn() or mnist.onednn_available():  # (the other kernel, where this torch has both)
+        cases[f"bare, same gradient, 1 thread, {other}"] = lambda: bench_bare_other_kernel(args.updates, task)
     bench_stack(2000)  # warm-up
     bench_stack_processes(500, 2)  # (starts the gradients' two worker processes: later runs of this task reuse them)
     torch.set_num_threads(default_threads)

@@ -100,7 +100,7 @@ def kernel(request, monkeypatch) -> str:
     through torch's BLAS (``fl_rescaled.tasks.mnist.onednn``), in this process."""
     import fl_rescaled.tasks.mnist as mnist
 
-    if request.param == "onednn" and not mnist.onednn():
+    if request.param == "onednn" and not mnist.onednn_available():
         pytest.skip("this torch has no oneDNN inner product")
     monkeypatch.setattr(mnist, "_ONEDNN", request.param == "onednn")
     return request.param

@@ -35,7 +35,7 @@ def test_mlp_gradient_matches_autograd(kernel):
 def test_the_two_kernels_agree_and_each_gives_the_same_bits_wherever_the_rows_lie(monkeypatch):
     import fl_rescaled.tasks.mnist as mnist
 
-    if not mnist.onednn():
+    if not mnist.onednn_available():
         pytest.skip("this torch has no oneDNN inner product")
     w, xb, yb = _minibatch(1, 4)
     got = {}
@@ -65,7 +65,7 @@ def test_the_two_kernels_agree_and_each_gives_the_same_bits_wherever_the_rows_li
     torch.testing.assert_close(got[True][2], got[False][2], rtol=1e-5, atol=1e-5)
 
 
-def test_onednn_in_a_new_thread_uses_torchs_thread_count_not_every_core():
+def test_onednn_in_a_new_thread_uses_torchs_thread_count_not_every_core(monkeypatch):
     """OpenMP's team size is per thread: a thread that never called ``torch.set_num_threads`` would
     run oneDNN on every core (MKL follows torch's setting). ``linear`` gives the thread torch's."""
     import ctypes
@@ -74,8 +74,9 @@ def test_onednn_in_a_new_thread_uses_torchs_thread_count_not_every_core():
 
     import fl_rescaled.tasks.mnist as mnist
 
-    if not mnist.onednn():
+    if not mnist.onednn_available():
         pytest.skip("this torch has no oneDNN inner product")
+    monkeypatch.setattr(mnist, "_ONEDNN", True)
     gomp = sorted((Path(torch.__file__).parent / "lib").glob("libgomp*"))
     if not gomp:
         pytest.skip("this torch ships no libgomp to ask")
@@ -110,6 +111,36 @@ def test_the_environment_turns_onednn_off(monkeypatch):
     assert mnist.onednn() is hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+def test_unasked_the_kernel_follows_the_cpu_never_a_clock(monkeypatch, tmp_path):
+    """With ``FL_RESCALED_ONEDNN`` unset, oneDNN is the kernel on AMD's family 26 only (where we
+    measured it faster), torch's BLAS on Zen 4, Intel, or a machine whose CPU cannot be read; the
+    environment overrides either way; and the vendor and family are read from the first CPU's block."""
+    import fl_rescaled.tasks.mnist as mnist
+
+    monkeypatch.setattr(mnist, "onednn_available", lambda: True)  # (any torch: the choice alone)
+    monkeypatch.delenv("FL_RESCALED_ONEDNN", raising=False)
+    for cpu, chosen in ((("AuthenticAMD", 26), True), (("AuthenticAMD", 25), False), (("GenuineIntel", 6), False),
+                        (None, False)):
+        monkeypatch.setattr(mnist, "_cpu_family", lambda cpu=cpu: cpu)
+        for env, want in (("", chosen), ("1", True), ("0", False)):
+            monkeypatch.setenv("FL_RESCALED_ONEDNN", env)
+            monkeypatch.setattr(mnist, "_ONEDNN", None)
+            assert mnist.onednn() is want, (cpu, env)
+    monkeypatch.setattr(mnist, "onednn_available", lambda: False)  # (asked for, but this torch has none)
+    monkeypatch.setattr(mnist, "_ONEDNN", None)
+    assert mnist.onednn() is False
+    monkeypatch.undo()
+    info = tmp_path / "cpuinfo"
+    two = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 17\n\n"
+           "processor\t: 1\nvendor_id\t: GenuineIntel\ncpu family\t: 6\n\n")
+    for text, want in ((two, ("AuthenticAMD", 26)), ("vendor_id : GenuineIntel\ncpu family : 6\n", ("GenuineIntel", 6)),
+                       ("vendor_id\t: AuthenticAMD\ncpu family\t: x1A\n", ("AuthenticAMD", -1)),
+                       ("vendor_id\t: AuthenticAMD\n", None), ("", None)):
+        info.write_text(text)
+        assert mnist._cpu_family(str(info)) == want, text
+    assert mnist._cpu_family(str(tmp_path / "none")) is None
+
+
 def test_a_torch_whose_onednn_op_fails_or_disagrees_computes_with_torch_mm(monkeypatch):
     import fl_rescaled.tasks.mnist as mnist
 
@@ -126,9 +157,11 @@ def test_a_torch_whose_onednn_op_fails_or_disagrees_computes_with_torch_mm(monke
     w, xb, yb = _minibatch(2, 5)
     monkeypatch.setattr(mnist, "_ONEDNN", False)
     ref = mlp_gradient(w, xb, yb)
+    monkeypatch.setenv("FL_RESCALED_ONEDNN", "1")  # (asked for on any CPU: refused for the op alone)
     for fake in (wrong_signature, off_by_one):
         monkeypatch.setattr(torch.ops, "mkldnn", Ops(fake))
         monkeypatch.setattr(mnist, "_ONEDNN", None)
+        monkeypatch.setattr(mnist, "_AVAILABLE", None)
         assert mnist.onednn() is False
         g, loss = mlp_gradient(w, xb, yb)
         np.testing.assert_array_equal(g, ref[0])

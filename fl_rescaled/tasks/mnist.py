@@ -211,30 +211,65 @@ def mlp_gradient(w, xb, yb, out=None):
 def onednn() -> bool:
     """Whether ``linear`` runs torch's oneDNN inner product on the CPU (decided once per process).
 
-    Yes where this torch has the op (``torch.ops.mkldnn._linear_pointwise``, the one torch.compile's
-    CPU fusions call) and it agrees with ``torch.mm`` on a probe, unless the environment sets
-    ``FL_RESCALED_ONEDNN=0``. oneDNN picks its kernels from the CPU's instruction sets; torch's default
-    BLAS (MKL) runs its AVX2 kernels on AMD's AVX-512 cores: on the Zen 5 core we measured, the MLP's
-    two large products took 70 µs each with oneDNN against 122 with MKL (``docs/performance.md``).
+    ``FL_RESCALED_ONEDNN=1`` asks for it and ``0`` for torch's BLAS; unset, it is chosen on the CPUs
+    where we measured it faster (``ONEDNN_CPUS``), torch's BLAS elsewhere. Either way oneDNN only where
+    ``onednn_available()``. The choice reads no clock: the same machine, the same kernel and bits.
     """
     global _ONEDNN
     if _ONEDNN is None:
-        import torch
-
-        use = os.environ.get("FL_RESCALED_ONEDNN", "1").strip().lower() not in ("0", "false", "no", "off")
-        if use:
-            try:
-                a = torch.linspace(-1.0, 1.0, 24).view(4, 6)
-                b = torch.linspace(2.0, -1.0, 18).view(3, 6)
-                got = torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], "")
-                use = bool(torch.allclose(got, a @ b.t(), rtol=1e-5, atol=1e-6))
-            except Exception:  # noqa: BLE001 (no such op, another signature, no kernel: torch.mm then)
-                use = False
-        _ONEDNN = use
+        said = os.environ.get("FL_RESCALED_ONEDNN", "").strip().lower()
+        if said in ("0", "false", "no", "off"):
+            _ONEDNN = False
+        else:
+            _ONEDNN = onednn_available() and (said in ("1", "true", "yes", "on") or _cpu_family() in ONEDNN_CPUS)
     return _ONEDNN
 
 
+#: (vendor, CPU family) where the oneDNN inner product is the default: AMD's family 26 (Zen 5), where
+#: the MLP's two large products took 70 µs each against 122 with MKL (which runs its AVX2 kernels on
+#: AMD). On family 25 (Zen 4) both took 137-146 µs and the gradient 504 µs with oneDNN against 425
+#: (its result is copied into the gradient); other CPUs are unmeasured (``docs/performance.md``).
+ONEDNN_CPUS = frozenset({("AuthenticAMD", 26)})
+
+
+def _cpu_family(path: str = "/proc/cpuinfo") -> tuple[str, int] | None:
+    """(vendor, family) of this machine's first CPU from ``/proc/cpuinfo``; None where it cannot be read."""
+    vendor, family = None, None
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key, value = key.strip(), value.strip()
+                if key == "vendor_id" and vendor is None:
+                    vendor = value
+                elif key == "cpu family" and family is None:
+                    family = int(value) if value.isdigit() else -1
+                if not key and vendor is not None:  # (the first processor's block ended)
+                    break
+    except OSError:
+        return None
+    return (vendor, family) if vendor is not None and family is not None else None
+
+
+def onednn_available() -> bool:
+    """Whether this torch has the oneDNN inner product (``torch.ops.mkldnn._linear_pointwise``, the op
+    torch.compile's CPU fusions call) and it agrees with ``torch.mm`` on a probe (decided once)."""
+    global _AVAILABLE
+    if _AVAILABLE is None:
+        import torch
+
+        try:
+            a = torch.linspace(-1.0, 1.0, 24).view(4, 6)
+            b = torch.linspace(2.0, -1.0, 18).view(3, 6)
+            got = torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], "")
+            _AVAILABLE = bool(torch.allclose(got, a @ b.t(), rtol=1e-5, atol=1e-6))
+        except Exception:  # noqa: BLE001 (no such op, another signature, no kernel: torch.mm then)
+            _AVAILABLE = False
+    return _AVAILABLE
+
+
 _ONEDNN: bool | None = None
+_AVAILABLE: bool | None = None
 _THREAD = threading.local()  # the torch thread count each thread last gave OpenMP (``linear``)
 
 
