@@ -206,6 +206,25 @@ def numpydoc_parameters(doc: str | None) -> dict[str, str]:
     return out
 
 
+def cpu_info(path: str = "/proc/cpuinfo") -> dict[str, str]:
+    """The fields of this machine's first CPU in ``/proc/cpuinfo`` (``vendor_id``, ``cpu family``,
+    ``model name``, ...); empty where the file cannot be read (not on Linux)."""
+    out: dict[str, str] = {}
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if not key:
+                    if out:  # (the first processor's block ended)
+                        break
+                    continue
+                out.setdefault(key, value.strip())
+    except OSError:
+        return {}
+    return out
+
+
 def available_cores() -> int:
     """The cores this process may run on (the default of ``--workers``, and what decides the worker
     processes of ``fl_rescaled.tasks.kernel_process``)."""

@@ -61,6 +61,9 @@ def test_report_sections_and_content(study):
     assert "**yes**" in text or "**no**" in text  # computed verdicts
     assert "grid used" in text and "chosen α" in text
     assert "Staleness of the applied gradients" in text
+    from fl_rescaled.tasks.mnist import kernel_name  # (the kernel follows the CPU: the machine line names it)
+
+    assert f"the MLP's products through {kernel_name()};" in text
 
 
 @MNIST

@@ -110,6 +110,9 @@ def test_quick_study_runs_every_method_in_every_setting(study):
             assert rec["curve"]["time"][0] == 0 and len(rec["curve"]["accuracy"]) == 3
     for s in SETTINGS:
         assert (study["out"] / f"fig_{s.label}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from fl_rescaled.tasks.mnist import kernel_name  # (the kernel follows the CPU: the machine line names it)
+
+    assert f"the MLP's products through {kernel_name()};" in study["report"]
 
 
 def _listed(report: str, heading: str) -> set[tuple[str, str]]:

@@ -205,3 +205,22 @@ def test_task_spec_roundtrip():
     assert isinstance(t, QuadraticTask) and t.seed == 4 and t.minimizer == pytest.approx(2 / 3)
     with pytest.raises(ValueError):
         build_task({"task": "cifar"})
+
+
+def test_the_studies_machine_row_names_the_cpu_family_and_the_kernel(monkeypatch, tmp_path):
+    """The kernel now depends on the CPU's family, so a study's machine row records both (the reports
+    print them; an older row without them still prints)."""
+    import fl_rescaled.tasks.mnist as mnist
+    from fl_rescaled.paper.timing import family_label, machine_info
+    from fl_rescaled.settings import cpu_info
+
+    for flag, name in ((True, "oneDNN"), (False, "torch's BLAS")):
+        monkeypatch.setattr(mnist, "_ONEDNN", flag)
+        assert machine_info(1, 2)["kernel"] == name
+    info = cpu_info()
+    assert machine_info(1, 2)["cpu_family"] == " ".join(info[k] for k in ("vendor_id", "cpu family") if k in info)
+    assert family_label({"cpu_family": "AuthenticAMD 26"}) == " (AuthenticAMD family 26)"
+    assert family_label({}) == family_label({"cpu_family": "AuthenticAMD"}) == ""
+    assert cpu_info(str(tmp_path / "none")) == {}
+    (tmp_path / "cpuinfo").write_text("\n\nvendor_id : X\nmodel name : A: B\n\nvendor_id : Y\n")
+    assert cpu_info(str(tmp_path / "cpuinfo")) == {"vendor_id": "X", "model name": "A: B"}

@@ -18,7 +18,7 @@ from .runner import Runner
 from .storage import atomic_write_text
 from .summaries import Results
 from .sweep import Sweep, fmt_lr
-from .timing import read_timing_log
+from .timing import family_label, read_timing_log
 
 
 def _f(v: float, spec: str = ".4g") -> str:
@@ -78,8 +78,9 @@ def _header(cfg: StudyConfig, runner: Runner) -> list[str]:
 
 
 def _machine_and_time(cfg: StudyConfig, runner: Runner, timings: dict[str, float], machine: dict) -> list[str]:
-    L = [f"- Machine: {machine['cpu']}, {machine['cores']} cores, {machine['platform']}, Python "
-         f"{machine['python']}, torch {machine['torch']}; load average at start {machine['load']} (shared "
+    L = [f"- Machine: {machine['cpu']}{family_label(machine)}, {machine['cores']} cores, {machine['platform']}, Python "
+         f"{machine['python']}, torch {machine['torch']}, the MLP's products through "
+         f"{machine.get('kernel', 'an unrecorded kernel')}; load average at start {machine['load']} (shared "
          "machine: timings are noisy)."]
     L.append(f"- Processes in this invocation: {cfg.workers} × {cfg.threads} torch thread(s) (the invocations that "
              "computed runs are in the timing table below).")

@@ -13,7 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from fl_rescaled.settings import cpu_info
 from fl_rescaled.tasks import client_rng, get_task
+from fl_rescaled.tasks.mnist import kernel_name
 
 from .config import StudyConfig
 from .runner import Runner
@@ -22,21 +24,23 @@ from .runner import Runner
 def machine_info(threads: int, workers: int) -> dict[str, Any]:
     import torch  # heavy: only for its version
 
-    cpu = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    info = cpu_info()
+    cpu = info.get("model name") or platform.processor() or ""
     try:
         load = os.getloadavg()
     except OSError:
         load = (math.nan,) * 3
     return {"platform": platform.platform(), "cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
             "torch": torch.__version__, "threads": threads, "workers": workers,
+            "cpu_family": " ".join(info[k] for k in ("vendor_id", "cpu family") if k in info), "kernel": kernel_name(),
             "load": " ".join(f"{v:.2f}" for v in load)}
+
+
+def family_label(machine: dict[str, Any]) -> str:
+    """`` (AuthenticAMD family 26)`` where a machine row recorded its CPU family (rows since issue 28's
+    tenth round: the family decides the MLP's kernel, ``tasks.mnist.onednn``), else nothing."""
+    family = str(machine.get("cpu_family", "")).split()
+    return f" ({family[0]} family {family[1]})" if len(family) == 2 else ""
 
 
 def bare_loop_rate(seconds: float) -> float:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fl_rescaled.paper.storage import atomic_write_text
-from fl_rescaled.paper.timing import read_timing_log
+from fl_rescaled.paper.timing import family_label, read_timing_log
 
 from .config import BY_NAME, MODEL, RATE, PopulationConfig, fedavg_concurrency
 from .results import Results, Verdict
@@ -125,8 +125,9 @@ def method_lines(cfg: PopulationConfig) -> list[str]:
 
 
 def time_lines(cfg: PopulationConfig, runner: Runner, timings: dict[str, float], machine: dict[str, Any]) -> list[str]:
-    L = [f"- Machine: {machine['cpu']}, {machine['cores']} cores, Python {machine['python']}, torch "
-         f"{machine['torch']}; load average at start {machine['load']} (a shared machine: timings are noisy).",
+    L = [f"- Machine: {machine['cpu']}{family_label(machine)}, {machine['cores']} cores, Python {machine['python']}, "
+         f"torch {machine['torch']}, the MLP's products through {machine.get('kernel', 'an unrecorded kernel')}; "
+         f"load average at start {machine['load']} (a shared machine: timings are noisy).",
          f"- This invocation: {cfg.workers} process(es), {runner.computed} run(s) computed, {runner.reused} "
          f"reused" + (f", {len(runner.failed)} FAILED" if runner.failed else "") + "."]
     L += [f"- Wall time, {k}: {v:.0f} s" for k, v in timings.items()]

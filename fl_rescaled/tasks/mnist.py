@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..data import PARTITION_SCHEMES, load_mnist, normalize, partition_labels
+from ..settings import cpu_info
 
 # Received models are read-only views of the message bytes; the gradient code never writes them.
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
@@ -233,22 +234,17 @@ ONEDNN_CPUS = frozenset({("AuthenticAMD", 26)})
 
 
 def _cpu_family(path: str = "/proc/cpuinfo") -> tuple[str, int] | None:
-    """(vendor, family) of this machine's first CPU from ``/proc/cpuinfo``; None where it cannot be read."""
-    vendor, family = None, None
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                key, value = key.strip(), value.strip()
-                if key == "vendor_id" and vendor is None:
-                    vendor = value
-                elif key == "cpu family" and family is None:
-                    family = int(value) if value.isdigit() else -1
-                if not key and vendor is not None:  # (the first processor's block ended)
-                    break
-    except OSError:
+    """(vendor, family) of this machine's first CPU (``settings.cpu_info``); None where it cannot be read."""
+    info = cpu_info(path)
+    if "vendor_id" not in info or "cpu family" not in info:
         return None
-    return (vendor, family) if vendor is not None and family is not None else None
+    family = info["cpu family"]
+    return info["vendor_id"], int(family) if family.isdigit() else -1
+
+
+def kernel_name() -> str:
+    """The kernel of the MLP's large products in this process, as the studies' machine rows name it."""
+    return "oneDNN" if onednn() else "torch's BLAS"
 
 
 def onednn_available() -> bool:
