@@ -200,7 +200,7 @@ def main() -> None:
     kernel = mid["batched kernel, C = 10, 2 threads"]
     user = mid["bare, idiomatic autograd, 1 thread"]
     print(f"torch {torch.__version__}, {args.updates} updates, median of {args.repeats} interleaved repeats; "
-          f"the MLP's large products through {'oneDNN' if mnist.onednn() else 'torch.mm'}")
+          f"the MLP's large products through {mnist.kernel_name()}")
     for k, v in mid.items():
         print(f"  {k:<44}{v:9.0f} steps/s {1e6 / v:7.0f} µs/step  ×{v / base:.2f} of the 1-thread bare loop"
               f"  ×{v / user:.2f} of the 1-thread autograd loop  ×{v / kernel:.2f} of the 2-thread batched kernel"

@@ -98,18 +98,23 @@ def _convert(kind: str, text: str) -> Any:
     if kind == "int":
         return int(text)
     if kind == "bool":
-        low = text.lower()
-        if low in ("1", "true", "yes", "on"):
-            return True
-        if low in ("0", "false", "no", "off"):
-            return False
-        raise ValueError(text)
+        said = yes_or_no(text)
+        if said is None:
+            raise ValueError(text)
+        return said
     if kind == "floats":
         items = text.split(",")
         if any(not item.strip() for item in items):
             raise ValueError(text)
         return [_finite(float(item)) for item in items]
     return text
+
+
+def yes_or_no(text: str) -> bool | None:
+    """``1``/``true``/``yes``/``on`` → True, ``0``/``false``/``no``/``off`` → False (any case),
+    anything else None: the words a bool setting or an on/off variable takes."""
+    low = text.lower()
+    return True if low in ("1", "true", "yes", "on") else False if low in ("0", "false", "no", "off") else None
 
 
 def _finite(value: float) -> float:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..data import PARTITION_SCHEMES, load_mnist, normalize, partition_labels
-from ..settings import cpu_info
+from ..settings import cpu_info, yes_or_no
 
 # Received models are read-only views of the message bytes; the gradient code never writes them.
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
@@ -218,11 +218,8 @@ def onednn() -> bool:
     """
     global _ONEDNN
     if _ONEDNN is None:
-        said = os.environ.get("FL_RESCALED_ONEDNN", "").strip().lower()
-        if said in ("0", "false", "no", "off"):
-            _ONEDNN = False
-        else:
-            _ONEDNN = onednn_available() and (said in ("1", "true", "yes", "on") or _cpu_family() in ONEDNN_CPUS)
+        said = yes_or_no(os.environ.get("FL_RESCALED_ONEDNN", "").strip())
+        _ONEDNN = said is not False and onednn_available() and (said or _cpu_family() in ONEDNN_CPUS)
     return _ONEDNN
 
 
