@@ -27,10 +27,12 @@ from fl_rescaled.experiment import run  # noqa: E402
 from fl_rescaled.population.config import METHODS, SETTINGS, spec_for  # noqa: E402
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def population_run(doc: str, workers: int):
+    """The command line (``--budget``, ``--workers`` defaulting to ``workers``) and the run's spec, on
+    one torch thread; ``doc``'s first line describes the command."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--budget", type=float, default=30.0)
-    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--workers", type=int, default=workers)
     a = ap.parse_args()
     if not 0 < a.budget < 1e6 or a.workers < 1:
         ap.error("--budget must be in (0, 1e6) and --workers at least 1")
@@ -38,7 +40,11 @@ def main() -> None:
     setting = next(s for s in SETTINGS if s.concurrency == 100 and s.dirichlet == 0)
     method = next(m for m in METHODS if m.strategy == "vanilla")
     spec = spec_for(setting, method, method.grid[len(method.grid) // 2], 0, a.budget, a.budget)
-    spec = dataclasses.replace(spec, workers=a.workers)
+    return a, dataclasses.replace(spec, workers=a.workers)
+
+
+def main() -> None:
+    a, spec = population_run(__doc__, workers=1)
     run(dataclasses.replace(spec, budget=a.budget / 20))  # warm-up: data, caches
     t0, c0 = time.perf_counter(), time.process_time()
     out = run(spec)

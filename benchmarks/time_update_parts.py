@@ -15,20 +15,17 @@ from __future__ import annotations
 
 import fl_rescaled  # noqa: F401  (first: Flower offline)
 
-import argparse  # noqa: E402
 import collections  # noqa: E402
 import dataclasses  # noqa: E402
 import functools  # noqa: E402
 import time  # noqa: E402
 
-import torch  # noqa: E402
-
+from bench_population_run import population_run  # noqa: E402  (benchmarks/ is on the path: run as a script)
 from fl_rescaled import driver, layout, run_api  # noqa: E402
 from fl_rescaled.clients import client_app  # noqa: E402
 from fl_rescaled.experiment import run  # noqa: E402
 from fl_rescaled.grid_batch import LazyBatches  # noqa: E402
 from fl_rescaled.manager import manager, transport  # noqa: E402
-from fl_rescaled.population.config import METHODS, SETTINGS, spec_for  # noqa: E402
 from fl_rescaled.tasks import kernel_process  # noqa: E402
 
 #: (owner, attribute, label): the loop's parts, in the order of an update
@@ -66,21 +63,11 @@ def timed(fn, label: str, spent: collections.Counter, calls: collections.Counter
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--budget", type=float, default=30.0)
-    ap.add_argument("--workers", type=int, default=2)
-    a = ap.parse_args()
-    if not 0 < a.budget < 1e6 or a.workers < 1:
-        ap.error("--budget must be in (0, 1e6) and --workers at least 1")
-    torch.set_num_threads(1)
+    a, spec = population_run(__doc__, workers=2)
     spent: collections.Counter = collections.Counter()
     calls: collections.Counter = collections.Counter()
     for owner, name, label in PARTS:
         setattr(owner, name, timed(getattr(owner, name), label, spent, calls))
-    setting = next(s for s in SETTINGS if s.concurrency == 100 and s.dirichlet == 0)
-    method = next(m for m in METHODS if m.strategy == "vanilla")
-    spec = spec_for(setting, method, method.grid[len(method.grid) // 2], 0, a.budget, a.budget)
-    spec = dataclasses.replace(spec, workers=a.workers)
     run(dataclasses.replace(spec, budget=a.budget / 20))  # warm-up: data, caches, the worker
     spent.clear()
     calls.clear()
