@@ -189,8 +189,7 @@ def _reply(msg: Message, keys: tuple[str, str], out: np.ndarray, loss: float, ex
            seconds: float) -> Message:
     """``train``'s reply: the array in the job's layout and the three metrics."""
     arrays_key, key = keys
-    record = ArrayRecord()
-    record[key] = encode_array(out)
+    record = plain_record(ArrayRecord, {key: encode_array(out)})
     metrics = {"loss": float(loss), "num-examples": int(examples), "compute-time": seconds}
     return Message(plain_record(RecordDict, {arrays_key: record, "metrics": plain_record(MetricRecord, metrics)}),
                    reply_to=msg)

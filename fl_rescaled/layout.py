@@ -39,7 +39,7 @@ import numpy.lib.format as npy_format
 from flwr.app import Array, ArrayRecord, Message
 
 from .errors import RejectedReply
-from .messages import JOB_TYPE, reply_metrics
+from .messages import JOB_TYPE, plain_array, plain_record, reply_metrics
 
 _HEADERS: dict[tuple[str, tuple[int, ...]], bytes] = {}
 
@@ -75,7 +75,7 @@ def encode_array(a: np.ndarray) -> Array:
         shape = tuple(int(s) for s in a.shape)
         ent = _ENCODE[key] = (npy_header(a.dtype, shape), str(a.dtype), shape)
     hdr, dtype, shape = ent
-    return Array(dtype=dtype, shape=shape, stype="numpy.ndarray", data=b"".join((hdr, a.reshape(-1))))
+    return plain_array(dtype, shape, b"".join((hdr, a.reshape(-1))))
 
 
 def decode_array(arr: Array) -> np.ndarray:
@@ -192,16 +192,16 @@ class ModelLayout:
     # ------------------------------------------------------------------ server -> client
     def encode(self, flat: np.ndarray, carried: dict[str, np.ndarray]) -> ArrayRecord:
         """The model in the user's layout (a snapshot: later steps of ``flat`` do not change it)."""
-        rec = ArrayRecord()
+        arrays = {}
         for e in self.entries:
             if e.is_float:
                 part = flat[e.offset:e.offset + e.size]
                 if part.dtype != e.dtype:
                     part = part.astype(e.dtype)
-                rec[e.key] = encode_array(part.reshape(e.shape))
+                arrays[e.key] = encode_array(part.reshape(e.shape))
             else:
-                rec[e.key] = encode_array(carried[e.key])
-        return rec
+                arrays[e.key] = encode_array(carried[e.key])
+        return plain_record(ArrayRecord, arrays)
 
     def to_record(self, flat: np.ndarray, carried: dict[str, np.ndarray]) -> ArrayRecord:
         """``encode`` for the user (evaluation, the result): the same arrays, built by Flower."""

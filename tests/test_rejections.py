@@ -342,3 +342,40 @@ def test_a_recorddict_built_in_one_step_is_flowers_recorddict():
     with pytest.raises(Exception) as theirs_bad:
         RecordDict({"x": {"lr": 0.1}})
     assert ours_bad.type is theirs_bad.type
+
+
+def test_an_arrayrecord_and_array_built_in_one_step_are_flowers():
+    """``plain_array`` and ``plain_record(ArrayRecord, ...)`` (the model and the reply on the hot path)
+    leave the fields and the "changed" flags Flower's constructors leave: the same object ids, the
+    same bytes on the wire, the same deflated objects; a value Flower refuses is refused the same way."""
+    from flwr.common import serde
+
+    from fl_rescaled.layout import decode_array, encode_array
+    from fl_rescaled.messages import plain_array, plain_record
+
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    ours, theirs = encode_array(a), Array(a)
+    assert type(ours) is Array and ours.__dict__ == theirs.__dict__ and ours == theirs
+    assert ours.is_dirty and ours.object_id == theirs.object_id and not ours.is_dirty
+    assert ours.deflate() == theirs.deflate() and np.array_equal(decode_array(ours), a)
+    rec_ours = plain_record(ArrayRecord, {"w": encode_array(a), "b": encode_array(a[0])})
+    rec_theirs = ArrayRecord()
+    rec_theirs["w"], rec_theirs["b"] = Array(a), Array(a[0])
+    assert type(rec_ours) is ArrayRecord and rec_ours.__dict__.keys() == rec_theirs.__dict__.keys()
+    assert rec_ours.is_dirty and rec_theirs.is_dirty and list(rec_ours) == ["w", "b"]
+    assert rec_ours.object_id == rec_theirs.object_id and rec_ours.deflate() == rec_theirs.deflate()
+    assert (serde.recorddict_to_proto(RecordDict({"arrays": rec_ours})).SerializeToString(deterministic=True)
+            == serde.recorddict_to_proto(RecordDict({"arrays": rec_theirs})).SerializeToString(deterministic=True))
+    for bad in ({"w": a}, {1: Array(a)}, {"w": None}):  # not an Array, a key that is not a string
+        with pytest.raises(Exception) as ours_bad:
+            plain_record(ArrayRecord, bad)
+        with pytest.raises(Exception) as theirs_bad:
+            ArrayRecord(bad)
+        assert ours_bad.type is theirs_bad.type
+    for args in (("float32", [2, 3], b"x"), ("float32", (2.0, 3), b"x"), (b"float32", (2, 3), b"x"),
+                 ("float32", (2, 3), bytearray(b"x"))):  # what Flower's constructor refuses, refused alike
+        with pytest.raises(Exception) as ours_bad:
+            plain_array(*args)
+        with pytest.raises(Exception) as theirs_bad:
+            Array(dtype=args[0], shape=args[1], stype="numpy.ndarray", data=args[2])
+        assert ours_bad.type is theirs_bad.type
