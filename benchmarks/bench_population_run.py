@@ -8,6 +8,12 @@ budget first; then one line of JSON: the wall and CPU seconds of the run, its up
 Alternate checkouts on one machine and compare the medians:
 
     PYTHONPATH=/path/to/checkout python benchmarks/bench_population_run.py [--budget 30] [--workers 1]
+
+``--message-free`` (this checkout only) also times the same work with no messages, no manager and no
+validation: as many gradients as the run made updates, through ``bench_stack``'s two-thread batched
+kernel on the run's partitions (10 jobs a call, chunked as the stack's batches, each followed by the
+in-place update), then the run's two evaluations, one after the other: what any implementation of
+the run pays on this machine for its arithmetic, and so the floor of the run's time.
 """
 
 from __future__ import annotations
@@ -27,12 +33,15 @@ from fl_rescaled.experiment import run  # noqa: E402
 from fl_rescaled.population.config import METHODS, SETTINGS, spec_for  # noqa: E402
 
 
-def population_run(doc: str, workers: int):
-    """The command line (``--budget``, ``--workers`` defaulting to ``workers``) and the run's spec, on
-    one torch thread; ``doc``'s first line describes the command."""
+def population_run(doc: str, workers: int, message_free: bool = False):
+    """The command line (``--budget``, ``--workers`` defaulting to ``workers``, and ``--message-free``
+    where asked) and the run's spec, on one torch thread; ``doc``'s first line describes the command."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--budget", type=float, default=30.0)
     ap.add_argument("--workers", type=int, default=workers)
+    if message_free:
+        ap.add_argument("--message-free", action="store_true",
+                        help="also time the run's gradients and evaluations with no messages (the floor)")
     a = ap.parse_args()
     if not 0 < a.budget < 1e6 or a.workers < 1:
         ap.error("--budget must be in (0, 1e6) and --workers at least 1")
@@ -43,8 +52,28 @@ def population_run(doc: str, workers: int):
     return a, dataclasses.replace(spec, workers=a.workers)
 
 
+def message_free(spec, updates: int) -> dict:
+    """Seconds of the run's arithmetic alone: ``updates`` gradients and steps through the two-thread
+    batched kernel on the run's partitions, and the two evaluations (at the initial model, twice)."""
+    from bench_stack import bench_batched_kernel  # (benchmarks/ is on the path: run as a script)
+
+    from fl_rescaled.experiment import resolve
+    from fl_rescaled.tasks import get_task
+
+    task = get_task(resolve(spec).task_config())
+    bench_batched_kernel(200, task, threads=2)  # warm-up
+    kernel = updates / bench_batched_kernel(updates, task, threads=2)
+    x = task.initial_params(spec.seed)
+    t0 = time.perf_counter()
+    task.evaluate(x)
+    task.evaluate(x)
+    evaluations = time.perf_counter() - t0
+    return {"message_free_s": round(kernel + evaluations, 2), "kernel_s": round(kernel, 2),
+            "evaluations_s": round(evaluations, 2)}
+
+
 def main() -> None:
-    a, spec = population_run(__doc__, workers=1)
+    a, spec = population_run(__doc__, workers=1, message_free=True)
     run(dataclasses.replace(spec, budget=a.budget / 20))  # warm-up: data, caches
     t0, c0 = time.perf_counter(), time.process_time()
     out = run(spec)
@@ -52,9 +81,11 @@ def main() -> None:
     root = Path(fl_rescaled.__file__).resolve().parent.parent
     head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True).stdout.strip()
-    print(json.dumps({"checkout": head or str(root), "workers": a.workers, "budget": a.budget,
-                      "wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "updates": out["num_updates"],
-                      "final_loss": out.get("final_loss")}))
+    row = {"checkout": head or str(root), "workers": a.workers, "budget": a.budget, "wall_s": round(wall, 2),
+           "cpu_s": round(cpu, 2), "updates": out["num_updates"], "final_loss": out.get("final_loss")}
+    if a.message_free:
+        row.update(message_free(spec, out["num_updates"]))
+    print(json.dumps(row))
 
 
 if __name__ == "__main__":
