@@ -42,7 +42,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 
 from .batching import BatchedClientApp
 from .layout import decode_array, encode_array
-from .messages import JOB_TYPE
+from .messages import JOB_TYPE, plain_record
 from .tasks.batched import resolve_device
 
 log = logging.getLogger("flwr.fl_rescaled")
@@ -149,11 +149,9 @@ class _Helper:
             yield
 
     def reply(self, msg: Message, arrays: dict[str, np.ndarray], loss: float, steps: int) -> Message:
-        record = ArrayRecord()
-        for name, value in arrays.items():
-            record[name] = encode_array(value)
-        metrics = MetricRecord({"train_loss": float(loss), "num-examples": int(steps * self.batch_size)})
-        return Message(RecordDict({self.arrays_key: record, "metrics": metrics}), reply_to=msg)
+        record = plain_record(ArrayRecord, {name: encode_array(value) for name, value in arrays.items()})
+        metrics = plain_record(MetricRecord, {"train_loss": float(loss), "num-examples": int(steps * self.batch_size)})
+        return Message(plain_record(RecordDict, {self.arrays_key: record, "metrics": metrics}), reply_to=msg)
 
     def received(self, msg: Message) -> dict[str, np.ndarray]:
         return {k: decode_array(a) for k, a in msg.content[self.arrays_key].items()}
