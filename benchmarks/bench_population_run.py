@@ -52,11 +52,19 @@ def population_run(doc: str, workers: int, message_free: bool = False):
     return a, dataclasses.replace(spec, workers=a.workers)
 
 
-def message_free(spec, updates: int) -> dict:
+def batched_kernel():
+    """``bench_stack.bench_batched_kernel``, or exit with one line where the ``fl_rescaled`` on the path
+    is another checkout's that lacks what it uses (``--message-free`` is for this checkout)."""
+    try:
+        from bench_stack import bench_batched_kernel  # (benchmarks/ is on the path: run as a script)
+    except ImportError as exc:
+        raise SystemExit(f"--message-free needs this checkout's fl_rescaled on the path: {exc}") from None
+    return bench_batched_kernel
+
+
+def message_free(spec, updates: int, bench_batched_kernel) -> dict:
     """Seconds of the run's arithmetic alone: ``updates`` gradients and steps through the two-thread
     batched kernel on the run's partitions, and the two evaluations (at the initial model, twice)."""
-    from bench_stack import bench_batched_kernel  # (benchmarks/ is on the path: run as a script)
-
     from fl_rescaled.experiment import resolve
     from fl_rescaled.tasks import get_task
 
@@ -74,6 +82,7 @@ def message_free(spec, updates: int) -> dict:
 
 def main() -> None:
     a, spec = population_run(__doc__, workers=1, message_free=True)
+    kernel = batched_kernel() if a.message_free else None
     run(dataclasses.replace(spec, budget=a.budget / 20))  # warm-up: data, caches
     t0, c0 = time.perf_counter(), time.process_time()
     out = run(spec)
@@ -84,7 +93,7 @@ def main() -> None:
     row = {"checkout": head or str(root), "workers": a.workers, "budget": a.budget, "wall_s": round(wall, 2),
            "cpu_s": round(cpu, 2), "updates": out["num_updates"], "final_loss": out.get("final_loss")}
     if a.message_free:
-        row.update(message_free(spec, out["num_updates"]))
+        row.update(message_free(spec, out["num_updates"], kernel))
     print(json.dumps(row))
 
 
