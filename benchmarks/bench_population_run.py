@@ -10,10 +10,11 @@ Alternate checkouts on one machine and compare the medians:
     PYTHONPATH=/path/to/checkout python benchmarks/bench_population_run.py [--budget 30] [--workers 1]
 
 ``--message-free`` (this checkout only) also times the same work with no messages, no manager and no
-validation: as many gradients as the run made updates, through ``bench_stack``'s two-thread batched
-kernel on the run's partitions (10 jobs a call, chunked as the stack's batches, each followed by the
-in-place update), then the run's two evaluations, one after the other: what any implementation of
-the run pays on this machine for its arithmetic, and so the floor of the run's time.
+validation: as many gradients and in-place steps as the run made updates, on the run's partitions,
+split over two spawned processes with nothing shared (``bench_stack.bench_bare_processes``: what two
+cores compute when no thread waits for another), then the run's two evaluations one after the other
+on one thread: the floor of the run's time on this machine. The same gradients through
+``bench_stack``'s batched kernel on two threads of one process are timed too (``kernel_threads_s``).
 """
 
 from __future__ import annotations
@@ -52,37 +53,42 @@ def population_run(doc: str, workers: int, message_free: bool = False):
     return a, dataclasses.replace(spec, workers=a.workers)
 
 
-def batched_kernel():
-    """``bench_stack.bench_batched_kernel``, or exit with one line where the ``fl_rescaled`` on the path
-    is another checkout's that lacks what it uses (``--message-free`` is for this checkout)."""
+def floor_tools():
+    """``bench_stack``'s two-process bare loop and batched kernel, or exit with one line where the
+    ``fl_rescaled`` on the path is another checkout's that lacks what they use (``--message-free`` is
+    for this checkout)."""
     try:
-        from bench_stack import bench_batched_kernel  # (benchmarks/ is on the path: run as a script)
+        from bench_stack import bench_bare_processes, bench_batched_kernel  # (benchmarks/ is on the path)
     except ImportError as exc:
         raise SystemExit(f"--message-free needs this checkout's fl_rescaled on the path: {exc}") from None
-    return bench_batched_kernel
+    return bench_bare_processes, bench_batched_kernel
 
 
-def message_free(spec, updates: int, bench_batched_kernel) -> dict:
-    """Seconds of the run's arithmetic alone: ``updates`` gradients and steps through the two-thread
-    batched kernel on the run's partitions, and the two evaluations (at the initial model, twice)."""
+def message_free(spec, updates: int, tools) -> dict:
+    """Seconds of the run's arithmetic alone: ``updates`` gradients and steps on the run's partitions in
+    two processes (and, for comparison, through the two-thread batched kernel of one process), and the
+    two evaluations (at the initial model, twice, one thread)."""
     from fl_rescaled.experiment import resolve
     from fl_rescaled.tasks import get_task
 
-    task = get_task(resolve(spec).task_config())
+    bench_bare_processes, bench_batched_kernel = tools
+    config = resolve(spec).task_config()
+    task = get_task(config)
+    kernel = updates / bench_bare_processes(updates, config, 2)
     bench_batched_kernel(200, task, threads=2)  # warm-up
-    kernel = updates / bench_batched_kernel(updates, task, threads=2)
+    threads = updates / bench_batched_kernel(updates, task, threads=2)
     x = task.initial_params(spec.seed)
     t0 = time.perf_counter()
     task.evaluate(x)
     task.evaluate(x)
     evaluations = time.perf_counter() - t0
     return {"message_free_s": round(kernel + evaluations, 2), "kernel_s": round(kernel, 2),
-            "evaluations_s": round(evaluations, 2)}
+            "evaluations_s": round(evaluations, 2), "kernel_threads_s": round(threads, 2)}
 
 
 def main() -> None:
     a, spec = population_run(__doc__, workers=1, message_free=True)
-    kernel = batched_kernel() if a.message_free else None
+    tools = floor_tools() if a.message_free else None
     run(dataclasses.replace(spec, budget=a.budget / 20))  # warm-up: data, caches
     t0, c0 = time.perf_counter(), time.process_time()
     out = run(spec)
@@ -93,7 +99,7 @@ def main() -> None:
     row = {"checkout": head or str(root), "workers": a.workers, "budget": a.budget, "wall_s": round(wall, 2),
            "cpu_s": round(cpu, 2), "updates": out["num_updates"], "final_loss": out.get("final_loss")}
     if a.message_free:
-        row.update(message_free(spec, out["num_updates"], kernel))
+        row.update(message_free(spec, out["num_updates"], tools))
     print(json.dumps(row))
 
 

@@ -26,6 +26,8 @@ Every row is the median of ``--repeats`` interleaved repeats.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import queue
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -122,6 +124,59 @@ def bench_batched_kernel(n_steps: int, task, threads: int, jobs: int = 10) -> fl
     return rate
 
 
+def _bare_share(spec: dict, n_steps: int, first: int, every: int, start, said) -> None:
+    """One spawned process's share of ``bench_bare_processes``: steps ``first``, ``first + every``, … of
+    the "same gradient" loop on its own model, after a warm-up and once every share has said it is ready."""
+    torch.set_num_threads(1)
+    task = get_task(spec)
+    bench_bare_same_gradient(200, task, 1)  # warm-up: data, partitions, caches
+    said.put("ready")
+    start.wait()
+    x = task.initial_params(0)
+    n = task.num_workers
+    for k in range(first, n_steps, every):
+        w = k % n
+        g, _ = task.gradient(x, w, client_rng(0, w, k), task.batch_size)
+        x -= np.float32(0.001) * g
+    said.put("done")
+
+
+def bench_bare_processes(n_steps: int, spec: dict, processes: int = 2) -> float:
+    """Steps per second of the "same gradient" loop split over ``processes`` spawned processes (the task
+    ``spec``, each process its own model, nothing shared): timed from the moment all are ready to the
+    last one's end. A process that exits before it is done stops the benchmark with its exit code."""
+    ctx = multiprocessing.get_context("spawn")  # (a fork would carry this process's torch threads and workers)
+    start, said = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_bare_share, args=(spec, n_steps, i, processes, start, said), daemon=True)
+             for i in range(processes)]
+    for p in procs:
+        p.start()
+
+    def hear(word: str) -> None:
+        for _ in procs:
+            while True:
+                try:
+                    got = said.get(timeout=1.0)
+                    break
+                except queue.Empty:
+                    dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                    if dead:
+                        raise RuntimeError(f"a process of the two-process bare loop exited with {dead[0]}") from None
+            assert got == word, got
+
+    try:
+        hear("ready")
+        t0 = time.perf_counter()
+        start.set()
+        hear("done")
+        return n_steps / (time.perf_counter() - t0)
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+
+
 def bench_bare_other_kernel(n_steps: int, task) -> float:
     """The "same gradient" bare loop on one thread with the other kernel for the two large products
     (torch's BLAS where this CPU's default is oneDNN's inner product, and the reverse)."""
@@ -166,8 +221,8 @@ def main() -> None:
     args = ap.parse_args()
     default_threads = torch.get_num_threads()
     other = "torch's BLAS" if mnist.onednn() else "oneDNN"
-    task = get_task({"task": "mnist", "seed": 0, "num-partitions": 10, "batch-size": 64,
-                     "dirichlet-alpha": 0.0})
+    spec = {"task": "mnist", "seed": 0, "num-partitions": 10, "batch-size": 64, "dirichlet-alpha": 0.0}
+    task = get_task(spec)
     task.partition(0)
     cases = {
         "stack, --workers 1 (batched)": lambda: bench_stack(args.updates, 1),
@@ -180,6 +235,7 @@ def main() -> None:
         "batched kernel, C = 10, 1 thread": lambda: bench_batched_kernel(args.updates, task, 1),
         "batched kernel, C = 10, 2 threads": lambda: bench_batched_kernel(args.updates, task, 2),
         "bare, same gradient, 1 thread": lambda: bench_bare_same_gradient(args.updates, task, 1),
+        "bare, same gradient, 2 processes": lambda: bench_bare_processes(args.updates, spec, 2),
         f"bare, same gradient, {default_threads} threads": lambda: bench_bare_same_gradient(args.updates, task,
                                                                                            default_threads),
         f"bare, idiomatic autograd, {default_threads} threads": lambda: bench_bare_idiomatic(args.updates, task),
@@ -199,12 +255,13 @@ def main() -> None:
     base = mid["bare, same gradient, 1 thread"]
     kernel = mid["batched kernel, C = 10, 2 threads"]
     user = mid["bare, idiomatic autograd, 1 thread"]
+    cores = mid["bare, same gradient, 2 processes"]
     print(f"torch {torch.__version__}, {args.updates} updates, median of {args.repeats} interleaved repeats; "
           f"the MLP's large products through {mnist.kernel_name()}")
     for k, v in mid.items():
         print(f"  {k:<44}{v:9.0f} steps/s {1e6 / v:7.0f} µs/step  ×{v / base:.2f} of the 1-thread bare loop"
               f"  ×{v / user:.2f} of the 1-thread autograd loop  ×{v / kernel:.2f} of the 2-thread batched kernel"
-              f"   (all: {', '.join(f'{x:.0f}' for x in rows[k])})")
+              f"  ×{v / cores:.2f} of the 2-process bare loop   (all: {', '.join(f'{x:.0f}' for x in rows[k])})")
     print(f"projected 30,000-unit run (116,250 updates, no evaluation), --workers 2, one worker process: "
           f"{116250 / mid['stack, --workers 2, one worker process']:.0f} s")
 
