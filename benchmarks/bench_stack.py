@@ -16,7 +16,10 @@ as soon as they are sent). Bare loops, same N steps on the same partitions:
   (2) "idiomatic":     nn.Sequential + CrossEntropyLoss + autograd + manual SGD step (default threads, 1);
   (3) "batched kernel": C = 10 jobs' minibatch draws and gradients per call (``mnist_jobs``), in
       chunks of ``CPU_CHUNK`` jobs spread over 1 or 2 threads as the stack's batches are, and the same
-      in-place update per gradient: the physical reference of the batched stack (no messages at all).
+      in-place update per gradient: the batched stack's arithmetic in one process, with no messages;
+  (4) "2 processes": the "same gradient" loop split over two spawned processes, each with its own model
+      and one torch thread, nothing shared or sent between them: what two cores compute when no
+      thread waits for another's GIL, the physical reference of ``--workers 2`` on two cores.
 The ratio (stack updates/s) / (bare steps/s) is the price of going through Flower's Message API.
 Every row is the median of ``--repeats`` interleaved repeats.
 
