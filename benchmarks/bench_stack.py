@@ -89,17 +89,20 @@ def bench_loop_alone(n_updates: int, task) -> float:
             setattr(kp.KernelProcess, name, fn)
 
 
-def bench_bare_same_gradient(n_steps: int, task, threads: int) -> float:
+def bench_bare_same_gradient(n_steps: int, task, threads: int, first: int = 0, every: int = 1) -> float:
+    """Steps per second of the bare loop: steps ``first``, ``first + every``, … below ``n_steps`` (all of
+    them by default; ``bench_bare_processes`` gives each process its share)."""
     default = torch.get_num_threads()
     torch.set_num_threads(threads)
     x = task.initial_params(0)
     n = task.num_workers
+    steps = range(first, n_steps, every)
     t0 = time.perf_counter()
-    for k in range(n_steps):
+    for k in steps:
         w = k % n
-        g, _ = task.gradient(x, w, client_rng(0, w, k), 64)
+        g, _ = task.gradient(x, w, client_rng(0, w, k), task.batch_size)
         x -= np.float32(0.001) * g
-    rate = n_steps / (time.perf_counter() - t0)
+    rate = len(steps) / (time.perf_counter() - t0)
     torch.set_num_threads(default)
     return rate
 
@@ -130,17 +133,11 @@ def bench_batched_kernel(n_steps: int, task, threads: int, jobs: int = 10) -> fl
 def _bare_share(spec: dict, n_steps: int, first: int, every: int, start, said) -> None:
     """One spawned process's share of ``bench_bare_processes``: steps ``first``, ``first + every``, … of
     the "same gradient" loop on its own model, after a warm-up and once every share has said it is ready."""
-    torch.set_num_threads(1)
     task = get_task(spec)
     bench_bare_same_gradient(200, task, 1)  # warm-up: data, partitions, caches
     said.put("ready")
     start.wait()
-    x = task.initial_params(0)
-    n = task.num_workers
-    for k in range(first, n_steps, every):
-        w = k % n
-        g, _ = task.gradient(x, w, client_rng(0, w, k), task.batch_size)
-        x -= np.float32(0.001) * g
+    bench_bare_same_gradient(n_steps, task, 1, first, every)
     said.put("done")
 
 
@@ -155,7 +152,8 @@ def bench_bare_processes(n_steps: int, spec: dict, processes: int = 2) -> float:
     for p in procs:
         p.start()
 
-    def hear(word: str) -> None:
+    def hear(word: str, within: float = 600.0) -> None:
+        deadline = time.monotonic() + within
         for _ in procs:
             while True:
                 try:
@@ -165,6 +163,8 @@ def bench_bare_processes(n_steps: int, spec: dict, processes: int = 2) -> float:
                     dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
                     if dead:
                         raise RuntimeError(f"a process of the two-process bare loop exited with {dead[0]}") from None
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"the two-process bare loop said no {word!r} in {within:.0f} s") from None
             assert got == word, got
 
     try:
