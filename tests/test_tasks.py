@@ -224,3 +224,76 @@ def test_the_studies_machine_row_names_the_cpu_family_and_the_kernel(monkeypatch
     assert cpu_info(str(tmp_path / "none")) == {}
     (tmp_path / "cpuinfo").write_text("\n\nvendor_id : X\nmodel name : A: B\n\nvendor_id : Y\n")
     assert cpu_info(str(tmp_path / "cpuinfo")) == {"vendor_id": "X", "model name": "A: B"}
+
+
+def _synthetic_mnist(parts: int = 5, seed: int = 0) -> MnistTask:
+    """An MNIST task whose partitions and test set are random images (no data file read)."""
+    rng = np.random.default_rng(seed)
+    task = MnistTask(num_partitions=parts)
+
+    def images(n):
+        return (torch.from_numpy(rng.standard_normal((n, 784)).astype(np.float32)),
+                torch.from_numpy(rng.integers(0, 10, n)))
+
+    task._parts = [images(int(n)) for n in rng.integers(300, 900, parts)]
+    task._test = images(700)
+    return task
+
+
+def test_an_evaluation_spread_over_threads_gives_the_bits_of_one_after_another(kernel, monkeypatch):
+    import threading
+
+    import fl_rescaled.tasks.mnist as mnist
+
+    task = _synthetic_mnist()
+    x = task.initial_params(1)
+    monkeypatch.setattr(mnist, "available_cores", lambda: 1)
+    alone = task.evaluate(x)
+    assert len(alone["client_losses"]) == 5 and 0 <= alone["accuracy"] <= 1
+    names, seen, lock, both = set(), [], threading.Lock(), threading.Barrier(2, timeout=30)
+    real = mnist.linear
+
+    def spy(*args, **kw):  # (the first two calls wait for each other: on one thread this would time out)
+        with lock:
+            names.add(threading.current_thread().name)
+            seen.append(1)
+            first_two = len(seen) <= 2
+        if first_two:
+            both.wait()
+        return real(*args, **kw)
+
+    monkeypatch.setattr(mnist, "linear", spy)
+    monkeypatch.setattr(mnist, "available_cores", lambda: 3)
+    default = torch.get_num_threads()
+    torch.set_num_threads(1)  # (as in every run: each op on its calling thread)
+    try:
+        spread = task.evaluate(x)
+    finally:
+        torch.set_num_threads(default)
+    assert spread == alone  # every loss and the accuracy, to the bit
+    assert len(names) > 1 and all(n.startswith("fl-rescaled-eval") for n in names)
+
+
+def test_side_by_side_keeps_the_order_raises_and_stays_on_one_thread_with_torch_threads(monkeypatch):
+    import threading
+
+    import fl_rescaled.tasks.mnist as mnist
+
+    monkeypatch.setattr(mnist, "available_cores", lambda: 4)
+    default = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        both = threading.Barrier(2, timeout=30)  # (two calls waiting for each other: two threads or a timeout)
+        assert len(set(mnist.side_by_side([(lambda: (both.wait(), threading.current_thread().name)[1],)] * 2))) == 2
+    finally:
+        torch.set_num_threads(default)
+    assert mnist.side_by_side([(pow, k, 2) for k in range(20)]) == [k * k for k in range(20)]
+    with pytest.raises(ZeroDivisionError):
+        mnist.side_by_side([(divmod, 1, 1), (divmod, 1, 0)])
+    default = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert set(mnist.side_by_side([(lambda: threading.current_thread().name,)] * 3)) == {
+            threading.current_thread().name}
+    finally:
+        torch.set_num_threads(default)
