@@ -13,7 +13,8 @@ Alternate checkouts on one machine and compare the medians:
 validation: as many gradients and in-place steps as the run made updates, on the run's partitions,
 split over two spawned processes with nothing shared (``bench_stack.bench_bare_processes``: what two
 cores compute when no thread waits for another), then the run's two evaluations one after the other
-on one thread: the floor of the run's time on this machine. The same gradients through
+(each spread over the cores as the run's are, ``MnistTask.evaluate``): the floor of the run's time on
+this machine. The same gradients through
 ``bench_stack``'s batched kernel on two threads of one process are timed too (``kernel_threads_s``).
 """
 
@@ -67,7 +68,7 @@ def floor_tools():
 def message_free(spec, updates: int, tools) -> dict:
     """Seconds of the run's arithmetic alone: ``updates`` gradients and steps on the run's partitions in
     two processes (and, for comparison, through the two-thread batched kernel of one process), and the
-    two evaluations (at the initial model, twice, one thread)."""
+    two evaluations (at the initial model, twice, one after the other, each over the cores)."""
     from fl_rescaled.experiment import resolve
     from fl_rescaled.tasks import get_task
 

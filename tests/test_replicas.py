@@ -105,7 +105,7 @@ class MatrixProducts:
 
 @pytest.mark.mnist
 @pytest.mark.parametrize("seeds", [[0, 0, 0], [0, 1, 2]])
-def test_a_batched_job_issues_exactly_the_single_runs_matrix_products(mnist_cache, seeds):
+def test_a_batched_job_issues_exactly_the_single_runs_matrix_products(mnist_cache, seeds, monkeypatch):
     """What makes replicas bit-identical to their single runs on every CPU: each replica's gradient
     and evaluation hand the BLAS the same products (shapes, strides, alignment, order) as a single
     run. Whatever kernel a CPU picks for a product, both paths then get the same one. (The operands
@@ -113,7 +113,9 @@ def test_a_batched_job_issues_exactly_the_single_runs_matrix_products(mnist_cach
     or a numpy array, 16-byte aligned, while a replica's are copied into a 64-byte ``scratch``
     buffer; modulo 64 they differ, 16 against 0.)"""
     from fl_rescaled.tasks import get_task, job_rng, scratch
+    from fl_rescaled.tasks.mnist import onednn
 
+    onednn()  # (decided once per process, with a small probe product: before any is recorded)
     base = {"task": "mnist", "seed": 0, "num-partitions": 10, "batch-size": 64}
     single = get_task(base)
     batched = get_task({**base, "replica-seeds": seeds})
@@ -123,6 +125,9 @@ def test_a_batched_job_issues_exactly_the_single_runs_matrix_products(mnist_cach
     with MatrixProducts() as many:
         batched.gradient(batched.initial_params(), 3, job_rng(batched, 3, 0), out=scratch("gradient", batched.size))
     assert one.calls and many.calls == one.calls * len(seeds)
+    # A dispatch mode sees its own thread's ops: the evaluations here on this thread, as on one core
+    # (spread over threads, each partition's ops are the same: tests/test_tasks.py).
+    monkeypatch.setattr("fl_rescaled.tasks.mnist.available_cores", lambda: 1)
     with MatrixProducts() as one:
         single.evaluate(x1)
     with MatrixProducts() as many:
