@@ -289,7 +289,6 @@ def linear(x, w, b=None, *, relu: bool = False, out=None):
     return y.relu_() if relu else y
 
 
-
 def side_by_side(calls: list[tuple]) -> list:
     """``[f(*args) for f, *args in calls]``, the calls spread over this process's cores when torch
     computes each op on the calling thread (``torch.get_num_threads() == 1``, as in every run of the
@@ -303,5 +302,6 @@ def side_by_side(calls: list[tuple]) -> list:
         return [f(*args) for f, *args in calls]
     with ThreadPoolExecutor(n, thread_name_prefix="fl-rescaled-eval") as pool:  # (per call: nothing left to fork)
         return list(pool.map(lambda call: call[0](*call[1:]), calls))
+
 
 _SPLITS = (100352, 128, 1280, 10)  # W1 (128×784), b1, W2 (10×128), b2
