@@ -27,7 +27,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 
 from fl_rescaled.batching import BatchedClientApp
 from fl_rescaled.layout import decode_array, encode_array
-from fl_rescaled.messages import JOB_TYPE, add_partition_query, plain_record
+from fl_rescaled.messages import JOB_TYPE, add_partition_query, plain_record, plain_reply
 from fl_rescaled.tasks import MnistTask, QuadraticTask, get_task, job_rng, local_sgd, scratch
 from fl_rescaled.tasks.batched import (device_data, minibatch_rows, mnist_jobs, partition_layout, quadratic_gradients,
                                        resolve_device, rows_job)
@@ -191,8 +191,8 @@ def _reply(msg: Message, keys: tuple[str, str], out: np.ndarray, loss: float, ex
     arrays_key, key = keys
     record = plain_record(ArrayRecord, {key: encode_array(out)})
     metrics = {"loss": float(loss), "num-examples": int(examples), "compute-time": seconds}
-    return Message(plain_record(RecordDict, {arrays_key: record, "metrics": plain_record(MetricRecord, metrics)}),
-                   reply_to=msg)
+    return plain_reply(plain_record(RecordDict, {arrays_key: record, "metrics": plain_record(MetricRecord, metrics)}),
+                       msg)
 
 
 @app.batch(key=batch_key, chunk=batch_chunk, launch=launch)

@@ -25,8 +25,11 @@ import math
 import sys
 from typing import Any
 
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, Metadata, MetricRecord, RecordDict
+from flwr.app.constants import DEFAULT_TTL
 from flwr.clientapp import ClientApp
+from flwr.supercore.date import now
+from flwr.supercore.task_identity import TaskIdentity
 
 from .errors import one_line
 
@@ -84,6 +87,43 @@ def plain_array(dtype: str, shape: tuple[int, ...], data: bytes) -> Array:
         return arr
     return Array(dtype=dtype, shape=shape, stype="numpy.ndarray", data=data)
 
+
+
+def plain_message(content: RecordDict, dst_node_id: int, message_type: str, *, ttl: float | None = None,
+                  group_id: str | None = None) -> Message:
+    """``Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)`` (an instruction: a
+    job) with the same metadata, built without the constructor's argument dispatch and type checks
+    (about 5 µs a message on our machine, 2 this way; one job and one reply per update). Only for
+    arguments of the exact types those checks pass as they are; anything else goes through Flower's
+    constructor and its checks."""
+    if (type(content) is RecordDict and type(dst_node_id) is int and type(message_type) is str
+            and (ttl is None or type(ttl) in (int, float)) and (group_id is None or type(group_id) is str)):
+        return _message(Metadata(TaskIdentity.run_id, "", TaskIdentity.node_id, dst_node_id, "", group_id or "",
+                                 now().timestamp(), ttl or DEFAULT_TTL, message_type, TaskIdentity.task_id, None),
+                        content)
+    return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
+
+
+def plain_reply(content: RecordDict, reply_to: Message) -> Message:
+    """``Message(content, reply_to=reply_to)`` in one step, as ``plain_message``: the reply's metadata
+    mirrors the instruction's and its TTL ends when the instruction's does, as Flower sets them (7 µs
+    a reply on our machine, 3 this way). Anything but a ``RecordDict`` replying to a ``Message`` goes
+    through Flower's constructor."""
+    if type(content) is RecordDict and type(reply_to) is Message:
+        md = reply_to.metadata
+        current = now().timestamp()
+        return _message(Metadata(md.run_id, "", md.dst_node_id, md.src_node_id, md.message_id, md.group_id, current,
+                                 md.created_at + md.ttl - current, md.message_type, md.dst_task_id,
+                                 md.src_task_id), content)
+    return Message(content, reply_to=reply_to)
+
+
+def _message(metadata: Metadata, content: RecordDict) -> Message:
+    """The message Flower's constructor leaves: its three fields, no error."""
+    metadata.delivered_at = ""
+    msg = Message.__new__(Message)
+    msg.__dict__.update(_metadata=metadata, _content=content, _error=None)
+    return msg
 
 #: Metric keys with a meaning of their own: a count of examples and a compute time in seconds.
 NUM_EXAMPLES, COMPUTE_TIME = "num-examples", "compute-time"

@@ -29,7 +29,7 @@ from flwr.app import Message
 from fl_rescaled.algorithm import Job
 from fl_rescaled.grid_api import AsyncGrid, collect_replies, seconds
 from fl_rescaled.matching import from_node
-from fl_rescaled.messages import JOB_TYPE, job_content
+from fl_rescaled.messages import JOB_TYPE, job_content, plain_message
 
 log = logging.getLogger("flwr.fl_rescaled")
 
@@ -75,8 +75,8 @@ class Transport:
     def push_job(self, job: Job) -> None:
         """Send ``job`` (its model and config) to its node as a Flower ``train`` Message."""
         assert job.model is not None
-        msg = Message(job_content(job.model, job.config, *self.keys), job.node_id, JOB_TYPE, ttl=self.ttl,
-                      group_id=str(job.version))
+        msg = plain_message(job_content(job.model, job.config, *self.keys), job.node_id, JOB_TYPE, ttl=self.ttl,
+                            group_id=str(job.version))
         (mid,) = self.grid.push_messages([msg])
         job.message_id = mid
         job.pushed_at = time.monotonic()
