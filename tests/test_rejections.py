@@ -379,3 +379,55 @@ def test_an_arrayrecord_and_array_built_in_one_step_are_flowers():
         with pytest.raises(Exception) as theirs_bad:
             Array(dtype=args[0], shape=args[1], stype="numpy.ndarray", data=args[2])
         assert ours_bad.type is theirs_bad.type
+
+
+def _same_message(ours, theirs, reply: bool) -> None:
+    """Two messages alike to Flower but for their creation times (a reply's TTL ends when its
+    instruction's does, so it moves with them): the same fields, metadata, object id and wire bytes
+    once the times are made equal."""
+    assert type(ours) is Message and ours.__dict__.keys() == theirs.__dict__.keys()
+    assert ours.content is theirs.content and not ours.has_error() and ours.has_content()
+    mine, flowers = dict(ours.metadata.__dict__), dict(theirs.metadata.__dict__)
+    assert abs(mine["_created_at"] - flowers["_created_at"]) < 60
+    if reply:
+        assert mine["_created_at"] + mine["_ttl"] == pytest.approx(flowers["_created_at"] + flowers["_ttl"], abs=1e-6)
+        for m in (mine, flowers):
+            del m["_ttl"]
+    del mine["_created_at"], flowers["_created_at"]
+    assert mine == flowers
+    ours.metadata.created_at, ours.metadata.ttl = theirs.metadata.created_at, theirs.metadata.ttl
+    assert ours.object_id == theirs.object_id and ours.deflate() == theirs.deflate()
+
+
+def test_a_message_and_its_reply_built_in_one_step_are_flowers():
+    """``plain_message`` and ``plain_reply`` (each job and each reply on the hot path) leave what
+    Flower's ``Message`` constructor leaves; arguments its checks refuse, or take only after a
+    conversion, go through the constructor itself and are refused (or taken) alike."""
+    from flwr.app.message.message import MessageInitializationError
+
+    from fl_rescaled.grid import set_server_identity
+    from fl_rescaled.grid_api import set_message_id
+    from fl_rescaled.messages import plain_message, plain_reply
+
+    set_server_identity(77)
+    content = RecordDict({"config": ConfigRecord({"lr": 0.1})})
+    answer = RecordDict({"metrics": MetricRecord({"loss": 1.0})})
+    for kw in ({}, {"ttl": 30.0, "group_id": "5"}, {"ttl": 12}, {"group_id": ""}):
+        ours, theirs = plain_message(content, 1234, "train", **kw), Message(content, 1234, "train", **kw)
+        _same_message(ours, theirs, reply=False)
+        set_message_id(ours, "00000000000000ab")
+        _same_message(plain_reply(answer, ours), Message(answer, reply_to=ours), reply=True)
+    job = plain_message(content, 1234, "train")
+    failed = plain_reply(Error(code=0, reason="x"), job)  # (an error reply: Flower's constructor)
+    assert failed.has_error() and failed.metadata.reply_to_message_id == job.metadata.message_id
+    refused = [({"lr": 0.1}, 1234, "train", {}), (content, np.int64(1234), "train", {}), (content, 1234, 5, {}),
+               (content, 1234, "train", {"ttl": "30"}), (content, 1234, "train", {"group_id": 3})]
+    for c, node, kind, kw in refused:
+        with pytest.raises(MessageInitializationError):
+            Message(c, node, kind, **kw)
+        with pytest.raises(MessageInitializationError):
+            plain_message(c, node, kind, **kw)
+    with pytest.raises(MessageInitializationError):
+        plain_reply({"x": 1}, job)
+    taken = plain_message(content, True, "train")  # (a bool passes Flower's checks: its constructor takes it)
+    assert taken.metadata.dst_node_id is True
