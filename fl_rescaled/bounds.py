@@ -38,7 +38,7 @@ from .peer_bounds import (CLIP_FACTOR, GUARD_WINDOW, OUTLIER_FACTOR, GuardState,
 
 __all__ = ["CLIP_FACTOR", "GUARD_WINDOW", "OUTLIER_FACTOR", "AdaptiveClip", "AdaptiveClipState", "BoundOptions", "BoundState",
            "Chain", "Clip", "ClipState", "GuardState", "MedianClip", "MedianClipState", "OutlierGuard", "adaptive_clip",
-           "adaptive_clip_next", "chain", "clip", "lower_median", "median_clip", "of_options", "outlier_guard",
+           "adaptive_clip_next", "chain", "clip", "finite_norm", "lower_median", "median_clip", "of_options", "outlier_guard",
            "reference", "remember", "update_norm"]
 
 
@@ -55,6 +55,18 @@ def update_norm(update: np.ndarray) -> float:
         return top
     scaled = update.astype(np.float64) / top
     return top * math.sqrt(float(np.dot(scaled, scaled)))
+
+
+def finite_norm(update: np.ndarray) -> float | None:
+    """``update_norm(update)`` when every value of the 1-d ``update`` is finite, else None: the
+    validation's finiteness test and the bounds' norm in one pass over a finite update (the same dot
+    product both take: a sum of squares is finite only if every term is)."""
+    if update.size > 32:
+        with np.errstate(over="ignore", invalid="ignore"):
+            sq = float(np.dot(update, update))
+        if math.isfinite(sq):
+            return math.sqrt(sq)
+    return update_norm(update) if np.isfinite(update).all() else None
 
 
 def lower_median(values: Sequence[float]) -> float:
@@ -181,9 +193,11 @@ class Chain:
             update, norm = b(s, update, norm, worker, share)
         return update, norm
 
-    def apply(self, states: list[Any], update: np.ndarray, worker: int, share: float = 1.0) -> np.ndarray:
-        """The update the chain lets through (its norm computed once); raises ``RejectedReply``."""
-        return self(states, update, update_norm(update), worker, share)[0]
+    def apply(self, states: list[Any], update: np.ndarray, worker: int, share: float = 1.0,
+              norm: float | None = None) -> np.ndarray:
+        """The update the chain lets through (its norm ``norm``, computed here when None, once);
+        raises ``RejectedReply``."""
+        return self(states, update, update_norm(update) if norm is None else norm, worker, share)[0]
 
     def _state_of(self, states: list[Any], kind: type) -> Any:
         """The state of this chain's first bound of ``kind`` (None without one)."""

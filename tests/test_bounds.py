@@ -15,8 +15,8 @@ from flwr.app import Array, ArrayRecord
 import hostile
 from fl_rescaled import AsyncClientManager, ModelLayout, RejectedReply
 from fl_rescaled.bounds import (CLIP_FACTOR, OUTLIER_FACTOR, AdaptiveClipState, Chain, GuardState, MedianClipState,
-                                adaptive_clip, adaptive_clip_next, chain, clip, lower_median, median_clip, of_options,
-                                outlier_guard, update_norm)
+                                adaptive_clip, adaptive_clip_next, chain, clip, finite_norm, lower_median, median_clip,
+                                of_options, outlier_guard, update_norm)
 from fl_rescaled.peer_bounds import SUSPICION_RATE, reference
 from fl_rescaled.runstate import Checkpointing, load
 from fl_rescaled.strategies import STRATEGIES, RescaledASGD, options
@@ -34,6 +34,25 @@ def test_update_norm_is_the_l2_norm_in_float64_even_when_the_squares_overflow(dt
     assert update_norm(big) == pytest.approx(math.sqrt(size) * float(np.finfo(dtype).max), rel=1e-6)
     assert update_norm(np.zeros(size, dtype)) == 0.0
 
+
+
+@pytest.mark.parametrize("size", [3, 50, 101770])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_finite_norm_is_update_norm_or_none_when_a_value_is_not_finite(dtype, size):
+    """The validation's finiteness test and the bounds' norm in one pass: the same bits as
+    ``update_norm`` for a finite update (squares that overflow too), None for NaN or ±inf anywhere."""
+    rng = np.random.default_rng(1)
+    for g in (rng.standard_normal(size).astype(dtype), np.full(size, np.finfo(dtype).max, dtype),
+              np.zeros(size, dtype), np.r_[np.finfo(dtype).max, np.zeros(size - 1)].astype(dtype)):
+        assert finite_norm(g) == update_norm(g)  # (inf for both past float64's max)
+    for bad in (np.nan, np.inf, -np.inf):
+        for where in (0, size // 2, size - 1):
+            g = rng.standard_normal(size).astype(dtype)
+            g[where] = bad
+            assert finite_norm(g) is None
+            g[:] = np.finfo(dtype).max  # (with squares that overflow besides)
+            g[where] = bad
+            assert finite_norm(g) is None
 
 def test_lower_median():
     assert lower_median([5.0]) == 5.0

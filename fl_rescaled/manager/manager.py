@@ -80,6 +80,7 @@ class AsyncClientManager:
         self.replicas = replicas  # batched runs: the model is this many replicas end to end
         self.bound = bound if replicas == 1 and bound is not None and bound.bounds else None  # (off for batches)
         self.bound_state = self.bound.init() if self.bound is not None else []
+        self._norm: tuple[Completion, float | None] | None = None  # (validate -> apply_bounds: the norm measured)
         #: worker → how far its replies move the model per unit of time, relative to the others' (the
         #: strategy's ``influence``, set by the driver): the weight the median clip gives a norm
         self.influence: Callable[[int], float] = lambda worker: 1.0
@@ -281,18 +282,21 @@ class AsyncClientManager:
         values) and its metrics; the completion's update is then a direction g (a model reply's:
         the pseudo-gradient x_sent − y), or it is rejected with the reason (``update_of``)."""
         try:
-            comp.update, comp.carried, comp.metrics = update_of(
+            comp.update, comp.carried, comp.metrics, norm = update_of(
                 reply, self.layout, self.reply, lambda: self.model_of(comp.job), arrayrecord_key=self.transport.keys[0],
                 replicas=self.replicas)
+            self._norm = (comp, norm)  # (measured with the finiteness test: the bounds take it)
         except RejectedReply as rej:
             self._reject(comp, rej)
 
     def apply_bounds(self, comp: Completion) -> None:
         """Bound: an accepted update passes the strategy's bounds (``fl_rescaled.bounds``: the outlier
         guard may reject it, the median clip and the clips scale it down)."""
+        measured, self._norm = self._norm, None
         if comp.ok and self.bound is not None:
             try:
-                comp.update = self.bound.apply(self.bound_state, comp.update, comp.worker, self.influence(comp.worker))
+                comp.update = self.bound.apply(self.bound_state, comp.update, comp.worker, self.influence(comp.worker),
+                                               norm=measured[1] if measured is not None and measured[0] is comp else None)
             except RejectedReply as rej:
                 comp.update = None
                 self._reject(comp, rej)
