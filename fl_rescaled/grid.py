@@ -216,7 +216,7 @@ class InProcessGrid(Grid):
 
     def _partition(self, node_id: int) -> int | None:
         """The partition of node ``node_id`` (None: not a node of this Grid)."""
-        k = int(np.searchsorted(self._sorted_ids, node_id))
+        k = int(self._sorted_ids.searchsorted(node_id))
         if k < self._sorted_ids.size and int(self._sorted_ids[k]) == node_id:
             return int(self._by_id[k])
         return None

@@ -79,6 +79,10 @@ def minibatch_rows(starts: np.ndarray, sizes: np.ndarray, workers: Sequence[int]
     row ``starts``, its size ``sizes``): job j draws ``rng.choice(n_j, m, replace=False)`` from its own
     generator, as ``MnistTask.minibatch``."""
     m = int(batch_size)
+    if len(workers) == 1 and int(sizes[workers[0]]) >= m:  # (one job, as each sent to a worker process)
+        rows = rngs[0].choice(int(sizes[workers[0]]), m, replace=False).astype(np.int64, copy=False).reshape(1, m)
+        rows += starts[workers[0]]
+        return rows
     if int(sizes[list(workers)].min()) < m:
         raise ValueError("a partition is smaller than the minibatch: these jobs go one by one")
     rows = np.empty((len(workers), m), np.int64)
