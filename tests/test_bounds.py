@@ -35,7 +35,6 @@ def test_update_norm_is_the_l2_norm_in_float64_even_when_the_squares_overflow(dt
     assert update_norm(np.zeros(size, dtype)) == 0.0
 
 
-
 @pytest.mark.parametrize("size", [3, 50, 101770])
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 def test_finite_norm_is_update_norm_or_none_when_a_value_is_not_finite(dtype, size):
@@ -53,6 +52,7 @@ def test_finite_norm_is_update_norm_or_none_when_a_value_is_not_finite(dtype, si
             g[:] = np.finfo(dtype).max  # (with squares that overflow besides)
             g[where] = bad
             assert finite_norm(g) is None
+
 
 def test_lower_median():
     assert lower_median([5.0]) == 5.0
