@@ -88,6 +88,41 @@ def test_the_mlp_kernel_of_b_jobs_equals_each_job_alone(kernel):
             assert float(loss[j]) == pytest.approx(ref_loss, rel=1e-6)
 
 
+def test_the_mlp_kernels_write_the_gradients_over_their_models_with_the_same_bits(kernel):
+    """The worker process writes each job's gradient over the model it was sent (``out`` = ``w``):
+    ``mlp_gradients`` (B = 1 and 3) and ``mlp_gradient`` give the bits and losses they give into
+    a buffer of their own. (They used to write a layer's gradient before reading that layer's weights
+    for the backward pass: in place, the hidden layer's gradient came out wrong.)"""
+    import torch
+
+    import fl_rescaled.tasks.mnist as mnist
+    from fl_rescaled.tasks.base import aligned_empty
+    from fl_rescaled.tasks.batched import mlp_gradients
+
+    rng = np.random.default_rng(6)
+    w = np.stack([mnist.MnistTask().initial_params(s) for s in range(3)])
+    xb = torch.from_numpy(rng.standard_normal((3, 64, 784)).astype(np.float32))
+    yb = torch.from_numpy(rng.integers(0, 10, (3, 64)))
+
+    def aligned(rows: np.ndarray) -> torch.Tensor:  # (each row 64-byte aligned, as the worker's slots)
+        buf = aligned_empty(rows.size).reshape(rows.shape)
+        buf[...] = rows
+        return torch.from_numpy(buf)
+
+    for B in (1, 3):
+        ref, ref_loss = mlp_gradients(aligned(w[:B]), xb[:B], yb[:B], out=aligned(np.zeros_like(w[:B])))
+        model = aligned(w[:B])
+        got, loss = mlp_gradients(model, xb[:B], yb[:B], out=model)
+        assert got.data_ptr() == model.data_ptr() and torch.equal(got, ref) and torch.equal(loss, ref_loss)
+        assert not np.array_equal(got.numpy(), w[:B])  # (the models are gone: the gradients took their place)
+    for j in range(3):
+        ref, ref_loss = mnist.mlp_gradient(aligned(w[j:j + 1])[0], xb[j], yb[j], aligned(np.zeros_like(w[j:j + 1]))[0])
+        model = aligned(w[j:j + 1])[0]
+        got, loss = mnist.mlp_gradient(model, xb[j], yb[j], model)
+        np.testing.assert_array_equal(got, ref)
+        assert loss == ref_loss
+
+
 @pytest.mark.mnist
 def test_mnist_local_training_batched_equals_one_by_one(mnist_cache):
     kw = dict(task="mnist", strategy="fedbuff", budget=8, eval_every=4, seed=1, local_steps=3)

@@ -112,7 +112,9 @@ def mlp_gradients(w, xb, yb, out=None):
 
     ``w`` is (B, P) float32 (each row a model ``[W1, b1, W2, b2]``), ``xb`` (B, m, 784), ``yb`` (B, m);
     the same steps as ``mlp_gradient``, one batched product per layer. ``out``: a (B, P) float32 tensor
-    with contiguous rows, each starting 64-byte aligned, to write the gradients into.
+    with contiguous rows, each starting 64-byte aligned, to write the gradients into; it may be ``w``
+    itself (the worker process writes each gradient over its model: every read of the model comes
+    before the first write).
     """
     import torch
 
@@ -132,11 +134,11 @@ def mlp_gradients(w, xb, yb, out=None):
     loss = -torch.log(py.clamp_min(1e-30)).mean(dim=(1, 2))
     p.scatter_(2, y1, py.sub_(1.0))
     p /= m
+    dh = torch.bmm(p, W2)  # (the model's last read: ``out`` may be ``w``)
     g = torch.empty(w.shape, dtype=torch.float32, device=w.device) if out is None else out
     gW1, gb1, gW2, gb2 = g.split(_SPLITS, dim=1)
     torch.bmm(p.transpose(1, 2), h, out=gW2.view(B, 10, 128))
     torch.sum(p, 1, out=gb2)
-    dh = torch.bmm(p, W2)
     dh.mul_(torch.sign(h))
     torch.bmm(dh.transpose(1, 2), xb, out=gW1.view(B, 128, 784))
     torch.sum(dh, 1, out=gb1)

@@ -5,7 +5,8 @@ every torch op, so in one process the two never overlap (``benchmarks/bench_gil.
 process has its own interpreter: the main process writes a job's model and minibatch rows into a
 slot of a shared-memory file, sends the slot's number through the worker's stdin, and reads the
 gradient (or, for a job of local SGD steps, the trained model) from the slot when the job's reply is
-pulled. The worker computes exactly the one-job batched kernels of the in-process path
+pulled: the worker writes it over the model it was sent, so each job's 400 KB go out and come back
+through the same memory. The worker computes exactly the one-job batched kernels of the in-process path
 (``batched.rows_job``: ``mlp_gradients`` or ``local_steps`` on one model, one torch thread), on data
 it loads itself from the task's spec, so the bits are the same. A job whose reply is wanted before the
 worker has started it is computed by the caller instead, with the same function
@@ -41,8 +42,8 @@ import numpy as np
 from ..settings import available_cores
 from .batched import onednn
 
-#: Slots of one worker: jobs sent and not yet collected (two model-sized arrays each: 128 MNIST slots
-#: are 104 MB); with all of them taken a job runs in process.
+#: Slots of one worker: jobs sent and not yet collected (a model-sized array each, the model sent and
+#: then its result: 128 MNIST slots are 53 MB); with all of them taken a job runs in process.
 SLOTS = 128
 #: The most local SGD steps a job sent to the worker may take (a job with more runs in process).
 MAX_STEPS = 16
@@ -57,15 +58,15 @@ class KernelProcessError(RuntimeError):
 
 
 def _layout(size: int, batch: int, slots: int) -> dict[str, tuple[int, np.dtype, tuple[int, ...]]]:
-    """Where each array of the shared file lies: name -> (offset, dtype, shape). Every slot's model and
-    gradient start on a 64-byte boundary (the worker computes the gradient in place, and a product's
-    last bit can depend on its buffer's alignment: ``tasks.base.scratch``). ``job``: the job's local
+    """Where each array of the shared file lies: name -> (offset, dtype, shape). ``models``: each slot's
+    model as sent, which the worker overwrites with the job's result (the gradient, or the trained
+    model), each slot's row starting on a 64-byte boundary (a product's last bit can depend on its
+    buffer's alignment: ``tasks.base.scratch``). ``job``: the job's local
     steps (0: a gradient), learning rate and proximal weight; ``taken``: set by the worker when it
     starts a job, ``stolen``: set by the caller that computes the job itself (``result(steal=True)``)."""
     out, offset = {}, 0
     padded = -(-size // 16) * 16
-    for name, dtype, shape in (("models", np.float32, (slots, padded)), ("grads", np.float32, (slots, padded)),
-                               ("rows", np.int64, (slots, MAX_STEPS * batch)), ("job", np.float64, (slots, 3)),
+    for name, dtype, shape in (("models", np.float32, (slots, padded)), ("rows", np.int64, (slots, MAX_STEPS * batch)), ("job", np.float64, (slots, 3)),
                                ("losses", np.float64, (slots,)), ("taken", np.int32, (slots,)),
                                ("stolen", np.int32, (slots,))):
         out[name] = (offset, np.dtype(dtype), shape)
@@ -120,10 +121,10 @@ def _reserved(folder: str | None, nbytes: int) -> str:
 
 
 def _views(mem: np.ndarray, layout: dict, size: int) -> dict[str, np.ndarray]:
-    """The arrays of the shared file; each slot's model and gradient without their padding."""
+    """The arrays of the shared file; each slot's model (then result) without its padding."""
     out = {name: np.ndarray(shape, dtype, buffer=mem, offset=offset)
            for name, (offset, dtype, shape) in layout.items() if name != "total"}
-    out["models"], out["grads"] = out["models"][:, :size], out["grads"][:, :size]
+    out["models"] = out["models"][:, :size]
     return out
 
 
@@ -291,7 +292,7 @@ class KernelProcess:
                 block = True
             self._done.discard(slot)
             self.answered += 1
-            grad, loss = self.arrays["grads"][slot], float(self.arrays["losses"][slot])
+            grad, loss = self.arrays["models"][slot], float(self.arrays["losses"][slot])  # (the result, over the model)
             try:
                 return (grad.copy(), loss) if use is None else use(grad, loss)
             finally:

@@ -3,7 +3,7 @@
 the minibatch size and the task's spec.
 
 It reads slot numbers from stdin, computes each job with ``batched.rows_job`` on data it loads itself
-from the spec (one torch thread, the caller's kernel), writes the result into the slot and the number
+from the spec (one torch thread, the caller's kernel), writes the result over the slot's model and the number
 to stdout (flagged when it skipped a stolen job or could not compute one). What goes wrong before it
 says it is ready is written to stderr, which the caller quotes when it gives the worker up; after
 that its stderr is discarded.
@@ -53,11 +53,10 @@ def _serve(path: str, slots: int, size: int, batch: int, spec: str) -> None:
                 out.write(struct.pack("<i", slot | _SKIPPED))
                 continue
             steps, lr, prox = (float(v) for v in job[slot])
-            grad = a["grads"][slot:slot + 1]
-            y, loss = rows_job(X, Y, a["models"][slot:slot + 1], a["rows"][slot].view(-1, batch), batch,
-                              int(steps), lr, prox, out=grad)
-            if y.data_ptr() != grad.data_ptr():
-                grad.copy_(y)
+            model = a["models"][slot:slot + 1]  # (the result goes over it: its memory is hot here)
+            y, loss = rows_job(X, Y, model, a["rows"][slot].view(-1, batch), batch, int(steps), lr, prox, out=model)
+            if y.data_ptr() != model.data_ptr():  # (local steps: the trained model, a tensor of its own)
+                model.copy_(y)
             a["losses"][slot] = loss
             out.write(struct.pack("<i", slot))
         except Exception:  # noqa: BLE001 - the caller computes this job in process

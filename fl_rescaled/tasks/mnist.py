@@ -181,7 +181,7 @@ def mlp_gradient(w, xb, yb, out=None):
 
     ``w`` is the flat float32 parameter tensor, ``xb`` a (m, 784) float32 batch, ``yb`` its (m,)
     int64 labels. The gradient is a fresh array, or ``out`` (a float32 numpy array or tensor of
-    ``w``'s size) when given.
+    ``w``'s size) when given, which may be ``w`` itself (every read of the model comes first).
     Every kernel is chosen to give exactly the bits of the straightforward formulation
     (``p[rows, y] -= 1``, ``dh *= (z > 0)``), only with fewer and cheaper torch calls.
     """
@@ -198,6 +198,7 @@ def mlp_gradient(w, xb, yb, out=None):
     loss = -torch.log(py.clamp_min(1e-30)).mean()
     p.scatter_(1, y1, py.sub_(1.0))  # p[rows, y] -= 1
     p /= m
+    dh = torch.mm(p, W2)  # (the model's last read: ``out`` may be ``w``)
     if out is None:
         g = torch.empty(w.shape[0], dtype=torch.float32)
     else:
@@ -207,7 +208,6 @@ def mlp_gradient(w, xb, yb, out=None):
     gW1, gb1, gW2, gb2 = g.split(_SPLITS)
     gW2.view(10, 128).copy_(torch.mm(p.t(), h))  # (MKL's bits depend on where ``out`` lies: a fresh product)
     torch.sum(p, 0, out=gb2)
-    dh = torch.mm(p, W2)
     dh.mul_(torch.sign(h))  # ReLU mask: sign(relu(z)) is 1.0 where z > 0, else 0.0 (finite z)
     linear(dh.t(), xb.t(), out=gW1.view(128, 784))
     torch.sum(dh, 0, out=gb1)
