@@ -297,3 +297,43 @@ def test_side_by_side_keeps_the_order_raises_and_stays_on_one_thread_with_torch_
             threading.current_thread().name}
     finally:
         torch.set_num_threads(default)
+
+
+def test_huge_empty_gives_a_writable_aligned_array_or_plain_memory(monkeypatch):
+    """``huge_empty``: the asked shape and dtype, writable, starting on a huge page when it is at least
+    one (the MNIST images); below one page, or without the advice (not Linux), plain ``np.empty``."""
+    import mmap
+
+    from fl_rescaled.tasks import base
+
+    big = base.huge_empty((3000, 784), np.float32)
+    assert big.shape == (3000, 784) and big.dtype == np.float32 and big.flags.writeable and big.flags.c_contiguous
+    assert big.ctypes.data % base.HUGE_PAGE == 0
+    big[...] = 1.5
+    assert float(big.sum()) == 1.5 * big.size
+    small = base.huge_empty((10, 784), np.float32)
+    assert small.shape == (10, 784) and small.base is None  # (its own memory: np.empty)
+    monkeypatch.delattr(mmap, "MADV_HUGEPAGE", raising=False)
+    plain = base.huge_empty((3000, 784), np.float32)
+    assert plain.shape == (3000, 784) and plain.base is None
+
+
+@pytest.mark.mnist
+def test_the_partitions_are_views_of_the_images_laid_end_to_end(mnist_cache):
+    """``MnistTask.images``: every partition's images in partition order, in one buffer of which the
+    partitions are views; the worker's and the batches' data (``device_data``) is that same tensor,
+    not a second copy of the 170 MB."""
+    from fl_rescaled.tasks.batched import device_data
+
+    task = MnistTask(num_partitions=7, seed=3)
+    images = task.images()
+    row = 0
+    for i in range(7):
+        x, y = task.partition(i)
+        assert x.data_ptr() == images[row].data_ptr() and torch.equal(x, images[row:row + len(y)])
+        row += len(y)
+    assert row == images.shape[0]
+    X, _, starts, _ = device_data(task, "cpu")
+    assert X.data_ptr() == images.data_ptr() and starts.tolist()[1] == len(task.partition(0)[1])
+    synthetic = _synthetic_mnist()  # (partitions given directly: laid end to end on first use)
+    assert torch.equal(synthetic.images(), torch.cat([x for x, _ in synthetic._parts]))

@@ -5,8 +5,7 @@ every torch op, so in one process the two never overlap (``benchmarks/bench_gil.
 process has its own interpreter: the main process writes a job's model and minibatch rows into a
 slot of a shared-memory file, sends the slot's number through the worker's stdin, and reads the
 gradient (or, for a job of local SGD steps, the trained model) from the slot when the job's reply is
-pulled: the worker writes it over the model it was sent, so each job's 400 KB go out and come back
-through the same memory. The worker computes exactly the one-job batched kernels of the in-process path
+pulled: the worker writes it over the model it was sent (each job's 400 KB go and come back there). The worker computes exactly the one-job batched kernels of the in-process path
 (``batched.rows_job``: ``mlp_gradients`` or ``local_steps`` on one model, one torch thread), on data
 it loads itself from the task's spec, so the bits are the same. A job whose reply is wanted before the
 worker has started it is computed by the caller instead, with the same function

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..data import PARTITION_SCHEMES, load_mnist, normalize, partition_labels
 from ..settings import available_cores, cpu_info, yes_or_no
+from .base import huge_empty
 
 # Received models are read-only views of the message bytes; the gradient code never writes them.
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
@@ -53,6 +54,7 @@ class MnistTask:
         self.batch_size = int(batch_size)
         self.weights = None if weights is None else np.asarray(weights, np.float64)
         self._parts: list[tuple[Any, Any]] | None = None
+        self._images: Any = None
         self._test: tuple[Any, Any] | None = None
         self._lock = threading.Lock()
         self.source = ""
@@ -83,16 +85,32 @@ class MnistTask:
             self.source = data.source
             idx = partition_labels(data.train_y, self.num_partitions, self.alpha, self.seed,
                                    scheme=self.partition_scheme)
-            self._parts = [
-                (torch.from_numpy(normalize(data.train_x[i])), torch.from_numpy(data.train_y[i]))
-                for i in idx
-            ]
+            # The partitions' images end to end in one buffer (``images``), each partition a view of it.
+            images = huge_empty((sum(len(i) for i in idx), data.train_x.shape[1]), np.float32)
+            parts, row = [], 0
+            for i in idx:
+                images[row:row + len(i)] = normalize(data.train_x[i])
+                parts.append((torch.from_numpy(images[row:row + len(i)]), torch.from_numpy(data.train_y[i])))
+                row += len(i)
+            self._images = torch.from_numpy(images)
+            self._parts = parts
             self._test = (torch.from_numpy(normalize(data.test_x)), torch.from_numpy(data.test_y))
 
     def partition(self, worker: int):
         self._load()
         assert self._parts is not None
         return self._parts[worker]
+
+    def images(self):
+        """Every partition's images, in partition order, end to end: one tensor of which each
+        partition's images are a view (in memory advised for huge pages: ``tasks.base.huge_empty``)."""
+        self._load()
+        if self._images is None:  # (partitions given some other way, as tests do: laid end to end once)
+            import torch
+
+            assert self._parts is not None
+            self._images = torch.cat([x for x, _ in self._parts])
+        return self._images
 
     def partition_sizes(self) -> list[int]:
         self._load()
