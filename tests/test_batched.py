@@ -104,9 +104,11 @@ def test_the_mlp_kernels_write_the_gradients_over_their_models_with_the_same_bit
     xb = torch.from_numpy(rng.standard_normal((3, 64, 784)).astype(np.float32))
     yb = torch.from_numpy(rng.integers(0, 10, (3, 64)))
 
-    def aligned(rows: np.ndarray) -> torch.Tensor:  # (each row 64-byte aligned, as the worker's slots)
-        buf = aligned_empty(rows.size).reshape(rows.shape)
+    def aligned(rows: np.ndarray) -> torch.Tensor:  # (each row padded to start 64-byte aligned, as the slots)
+        padded = -(-rows.shape[1] // 16) * 16
+        buf = aligned_empty(rows.shape[0] * padded).reshape(rows.shape[0], padded)[:, :rows.shape[1]]
         buf[...] = rows
+        assert all(buf[j].ctypes.data % 64 == 0 for j in range(rows.shape[0]))
         return torch.from_numpy(buf)
 
     for B in (1, 3):

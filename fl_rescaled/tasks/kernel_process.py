@@ -4,8 +4,8 @@ The event loop's Python holds the GIL; a kernel on a thread of the same process 
 every torch op, so in one process the two never overlap (``benchmarks/bench_gil.py``). A worker
 process has its own interpreter: the main process writes a job's model and minibatch rows into a
 slot of a shared-memory file, sends the slot's number through the worker's stdin, and reads the
-gradient (or, for a job of local SGD steps, the trained model) from the slot when the job's reply is
-pulled: the worker writes it over the model it was sent (each job's 400 KB go and come back there). The worker computes exactly the one-job batched kernels of the in-process path
+gradient (or, for a job of local SGD steps, the trained model), written over the model, from the slot
+when the job's reply is pulled. The worker computes exactly the one-job batched kernels of the in-process path
 (``batched.rows_job``: ``mlp_gradients`` or ``local_steps`` on one model, one torch thread), on data
 it loads itself from the task's spec, so the bits are the same. A job whose reply is wanted before the
 worker has started it is computed by the caller instead, with the same function
@@ -65,8 +65,8 @@ def _layout(size: int, batch: int, slots: int) -> dict[str, tuple[int, np.dtype,
     starts a job, ``stolen``: set by the caller that computes the job itself (``result(steal=True)``)."""
     out, offset = {}, 0
     padded = -(-size // 16) * 16
-    for name, dtype, shape in (("models", np.float32, (slots, padded)), ("rows", np.int64, (slots, MAX_STEPS * batch)), ("job", np.float64, (slots, 3)),
-                               ("losses", np.float64, (slots,)), ("taken", np.int32, (slots,)),
+    for name, dtype, shape in (("models", np.float32, (slots, padded)), ("rows", np.int64, (slots, MAX_STEPS * batch)),
+                               ("job", np.float64, (slots, 3)), ("losses", np.float64, (slots,)), ("taken", np.int32, (slots,)),
                                ("stolen", np.int32, (slots,))):
         out[name] = (offset, np.dtype(dtype), shape)
         offset += -(-int(np.prod(shape)) * np.dtype(dtype).itemsize // 64) * 64
