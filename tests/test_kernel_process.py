@@ -5,6 +5,8 @@ of ``--workers 1``, and a worker that dies, fails or cannot start leaves the job
 from __future__ import annotations
 
 import json
+import os
+import signal
 import logging
 
 import numpy as np
@@ -171,7 +173,6 @@ def test_the_shared_file_is_reserved_and_a_full_filesystem_leaves_the_jobs_in_pr
     SIGBUS, tried on an 8 MB tmpfs.)"""
     import errno
     import glob
-    import os
     import tempfile
 
     real = os.posix_fallocate
@@ -229,6 +230,32 @@ def test_slots_abandoned_come_back_and_a_full_worker_declines(mnist_cache):
         worker.result(c)
 
 
+def test_a_job_abandoned_before_the_worker_starts_it_is_never_computed(mnist_cache):
+    """At the end of a run the jobs still in flight are abandoned: the worker skips those it has not
+    started (their model stays in the slot, never overwritten by a gradient), computes the others,
+    and every slot comes back."""
+    task, (_, _, starts, sizes), worker = _own_worker(16, slots=4)
+    try:
+        x = task.initial_params(0)
+        rows = [minibatch_rows(starts, sizes, [w], [client_rng(16, w, 1)], 64)[0] for w in range(3)]
+        os.kill(worker._proc.pid, signal.SIGSTOP)  # (it starts neither job before the abandon)
+        try:
+            a, b = worker.submit(x, rows[0]), worker.submit(x, rows[1])
+            worker.abandon(b)
+        finally:
+            os.kill(worker._proc.pid, signal.SIGCONT)
+        g, _ = worker.result(a)
+        ref, _ = mlp_gradient(torch.from_numpy(x), *task.minibatch(0, client_rng(16, 0, 1)))
+        np.testing.assert_allclose(g, ref, rtol=1e-5, atol=1e-7)
+        c = worker.submit(x, rows[2])
+        worker.result(c)  # (answered after b: b's answer is in)
+        assert b in worker._free and worker.stolen == 0
+        np.testing.assert_array_equal(worker.arrays["models"][b][:x.size], x)  # skipped: still the model
+        assert not np.array_equal(worker.arrays["models"][a][:x.size], x)  # (a computed one is overwritten)
+    finally:
+        worker.close()
+
+
 def test_a_worker_that_cannot_start_leaves_the_jobs_in_process(mnist_cache, monkeypatch, caplog):
     caplog.set_level(logging.WARNING, logger="flwr.fl_rescaled")
     one = run(_spec(15, workers=1))
@@ -243,8 +270,6 @@ def test_a_worker_that_cannot_start_leaves_the_jobs_in_process(mnist_cache, monk
 def test_a_worker_that_hangs_or_answers_a_slot_not_ours_is_given_up(mnist_cache, monkeypatch, caplog, tmp_path):
     """A stopped worker (SIGSTOP) is given up after ``TIMEOUT``; a fake worker that answers slot 999 at
     once: both runs end on the bits of ``--workers 1``, each said in one WARNING line."""
-    import os
-    import signal
     import time
 
     caplog.set_level(logging.WARNING, logger="flwr.fl_rescaled")
@@ -343,8 +368,6 @@ def test_a_job_the_worker_has_not_started_is_stolen_with_the_same_bits(mnist_cac
     computes it with ``batched.rows_job`` to the worker's bits; the worker, continued, skips it and
     its slot comes back. If the worker marked the job taken first, the caller waits for it instead and
     hears it skipped (the race of both sides setting their flag at once) before computing it itself."""
-    import os
-    import signal
 
     task, (X, Y, starts, sizes), worker = _own_worker(21, slots=4)
     try:

@@ -10,16 +10,15 @@ when the job's reply is pulled. The worker computes exactly the one-job batched 
 it loads itself from the task's spec, so the bits are the same. A job whose reply is wanted before the
 worker has started it is computed by the caller instead, with the same function
 (``result(steal=True)``: the worker takes jobs in the order they were sent, the caller wants them in
-the order they end).
+the order they end); a job no longer wanted (``abandon``) is skipped the same way if not started.
 
 A worker is started with ``python -P -m fl_rescaled.tasks.kernel_worker`` (the caller's package
 first on its path, not the working folder's; what it writes to stderr before it is ready is quoted
 when it fails to start), never by re-importing the caller's main module (as multiprocessing's spawn
 would); a task has ``PROCESSES`` of them (two where three cores are free, each job to the least
 busy), shared by every run of the process with that task; each ends when its stdin closes (at the
-caller's exit, or ``close``). A worker that fails, dies or stops answering for
-``TIMEOUT`` seconds raises ``KernelProcessError`` for the jobs it held: the Grid computes them in
-process instead, with the same bits.
+caller's exit, or ``close``). A worker that fails, dies or stops answering for ``TIMEOUT`` seconds
+raises ``KernelProcessError`` for the jobs it held: the Grid computes them in process, same bits.
 """
 
 from __future__ import annotations
@@ -325,7 +324,7 @@ class KernelProcess:
                 self._done.add(got)
 
     def abandon(self, slot: int) -> None:
-        """Forget a job sent and no longer wanted (its slot is free once the worker answers it)."""
+        """Forget a job no longer wanted (the worker skips it unless started; its slot is free once answered)."""
         if os.getpid() != self._owner:
             return
         with self._lock:
@@ -334,6 +333,7 @@ class KernelProcess:
                     held.discard(slot)
                 self._free.append(slot)
             else:
+                self.arrays["stolen"][slot] = 1
                 self._abandoned.add(slot)
 
     def close(self) -> None:
