@@ -5,9 +5,9 @@ of ``--workers 1``, and a worker that dies, fails or cannot start leaves the job
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
-import logging
 
 import numpy as np
 import pytest
@@ -368,7 +368,6 @@ def test_a_job_the_worker_has_not_started_is_stolen_with_the_same_bits(mnist_cac
     computes it with ``batched.rows_job`` to the worker's bits; the worker, continued, skips it and
     its slot comes back. If the worker marked the job taken first, the caller waits for it instead and
     hears it skipped (the race of both sides setting their flag at once) before computing it itself."""
-
     task, (X, Y, starts, sizes), worker = _own_worker(21, slots=4)
     try:
         x = task.initial_params(0)
