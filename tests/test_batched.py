@@ -89,10 +89,12 @@ def test_the_mlp_kernel_of_b_jobs_equals_each_job_alone(kernel):
 
 
 def test_the_mlp_kernels_write_the_gradients_over_their_models_with_the_same_bits(kernel):
-    """The worker process writes each job's gradient over the model it was sent (``out`` = ``w``):
-    ``mlp_gradients`` (B = 1 and 3) and ``mlp_gradient`` give the bits and losses they give into
-    a buffer of their own. (They used to write a layer's gradient before reading that layer's weights
-    for the backward pass: in place, the hidden layer's gradient came out wrong.)"""
+    """The worker process writes each job's gradient over the model it was sent (``out`` = ``w``), and
+    the in-process batches (``mnist_jobs``) over their stacked models, rows not padded: ``mlp_gradients``
+    (B = 1 and 3) and ``mlp_gradient`` give the bits and losses they give into a buffer of their own
+    (of the same layout: with several threads a product's last bit may follow its output's address).
+    (They used to write a layer's gradient before reading that layer's weights for the backward pass:
+    in place, the hidden layer's gradient came out wrong.)"""
     import torch
 
     import fl_rescaled.tasks.mnist as mnist
@@ -117,6 +119,11 @@ def test_the_mlp_kernels_write_the_gradients_over_their_models_with_the_same_bit
         got, loss = mlp_gradients(model, xb[:B], yb[:B], out=model)
         assert got.data_ptr() == model.data_ptr() and torch.equal(got, ref) and torch.equal(loss, ref_loss)
         assert not np.array_equal(got.numpy(), w[:B])  # (the models are gone: the gradients took their place)
+        fresh, fresh_loss = mlp_gradients(torch.from_numpy(w[:B].copy()), xb[:B], yb[:B])  # (into torch.empty)
+        stacked = torch.empty(w[:B].shape)  # (as ``mnist_jobs`` stacks them: torch's 64-byte aligned buffer)
+        stacked.copy_(torch.from_numpy(w[:B]))
+        got, loss = mlp_gradients(stacked, xb[:B], yb[:B], out=stacked)
+        assert torch.equal(got, fresh) and torch.equal(loss, fresh_loss)
     for j in range(3):
         ref, ref_loss = mnist.mlp_gradient(aligned(w[j:j + 1])[0], xb[j], yb[j], aligned(np.zeros_like(w[j:j + 1]))[0])
         model = aligned(w[j:j + 1])[0]

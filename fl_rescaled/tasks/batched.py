@@ -153,10 +153,14 @@ def mnist_jobs(task: MnistTask, xs: Sequence[np.ndarray], workers: Sequence[int]
     import torch
 
     device = resolve_device(device)
-    x = torch.from_numpy(np.stack([np.asarray(v, np.float32) for v in xs])).to(device)
+    # The models stacked in torch's 64-byte aligned buffer, where the gradients are then written over
+    # them (with several threads a product's last bit can follow its output's address: see ``scratch``).
+    x = torch.empty((len(xs), task.size), dtype=torch.float32)
+    np.stack([np.asarray(v, np.float32) for v in xs], out=x.numpy())
+    x = x.to(device)
     if steps <= 0:
         xb, yb = mnist_minibatches(task, workers, rngs, task.batch_size, device)
-        g, loss = mlp_gradients(x, xb, yb)
+        g, loss = mlp_gradients(x, xb, yb, out=x)
         return g.cpu().numpy(), loss.double().cpu().numpy()
     batches = (mnist_minibatches(task, workers, rngs, task.batch_size, device) for _ in range(int(steps)))
     y, loss = local_steps(x, batches, lr, prox)
