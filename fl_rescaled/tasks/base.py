@@ -56,12 +56,18 @@ ALIGN = 64
 _SCRATCH = threading.local()
 
 
+def _aligned_view(raw: np.ndarray, nbytes: int, align: int, dtype: np.dtype) -> np.ndarray:
+    """``nbytes`` of the byte buffer ``raw`` (``align`` bytes longer than that) from its first
+    ``align``-byte boundary on, as a 1-D array of ``dtype``."""
+    start = -raw.ctypes.data % align
+    return raw[start:start + nbytes].view(dtype)
+
+
 def aligned_empty(size: int, dtype=np.float32) -> np.ndarray:
     """An uninitialised 1-D array whose data starts on an ``ALIGN``-byte boundary."""
     dtype = np.dtype(dtype)
-    raw = np.empty(size * dtype.itemsize + ALIGN, dtype=np.uint8)
-    start = -raw.ctypes.data % ALIGN
-    return raw[start:start + size * dtype.itemsize].view(dtype)
+    nbytes = size * dtype.itemsize
+    return _aligned_view(np.empty(nbytes + ALIGN, dtype=np.uint8), nbytes, ALIGN, dtype)
 
 
 #: Bytes of a transparent huge page (x86-64; ``huge_empty``).
@@ -86,8 +92,7 @@ def huge_empty(shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
     except (OSError, ValueError, AttributeError):
         return np.empty(shape, dtype)
     raw = np.frombuffer(region, np.uint8)  # (the array keeps the mapping alive)
-    start = -raw.ctypes.data % HUGE_PAGE
-    return raw[start:start + nbytes].view(dtype).reshape(shape)
+    return _aligned_view(raw, nbytes, HUGE_PAGE, dtype).reshape(shape)
 
 
 def scratch(name: str, size: int) -> np.ndarray:
