@@ -84,13 +84,8 @@ def tune_allocator() -> bool:
 
     Every update allocates a few model-sized (~400 KB) buffers; above glibc's mmap threshold each
     one is a fresh mapping whose pages fault in on first touch, which costs more than the copy.
-    Raising the mmap and trim thresholds lets those buffers be reused. No-op off glibc.
-
-    Called at run time, ``mallopt`` does take effect for later allocations (checked with
-    ``mallinfo2``: 0.4–40 MB blocks move from mmap to the heap, as with the
-    ``MALLOC_MMAP_THRESHOLD_`` environment variable set at start-up). In a long run it matters
-    little: glibc's dynamic threshold already rises past 400 KB after the first such buffer is
-    freed, and a run measured ~0.02 minor page faults per update with or without it.
+    Raising the mmap and trim thresholds lets those buffers be reused. No-op off glibc. (What it
+    was measured to do: docs/performance.md, "The allocator".)
     """
     global _ALLOCATOR_TUNED  # noqa: PLW0603
     if _ALLOCATOR_TUNED:
@@ -172,6 +167,7 @@ class InProcessGrid(Grid):
         #: left as it was made is dropped after its message (remade alike on the next)
         self.contexts: dict[int, Context] = {}
         self._pending: dict[str, Message] = {}
+        self._unread = False  # (set by ``push_unread`` around its ``push_messages``)
         self._next_id = 0
         self.messages_pushed = 0
         self.threaded = threaded
@@ -227,10 +223,7 @@ class InProcessGrid(Grid):
 
     def set_online(self, node_id: int, online: bool) -> None:
         """Take a node down (its jobs fail with Flower's NODE_UNAVAILABLE) or bring it back."""
-        if online:
-            self.offline.discard(node_id)
-        else:
-            self.offline.add(node_id)
+        (self.offline.discard if online else self.offline.add)(node_id)
 
     def close(self) -> None:
         if self.batches is not None:
@@ -294,8 +287,18 @@ class InProcessGrid(Grid):
     def get_node_ids(self) -> Iterable[int]:
         return [n for n in self.node_ids if n not in self.offline]
 
+    def push_unread(self, messages: Iterable[Message]) -> Iterable[str]:
+        """Not Flower's: ``push_messages`` for jobs the caller does not expect to pull (the virtual
+        clock's manager: their client goes offline first, or they end after the budget). Each is
+        computed only if pulled, alone (a batch of one): never ahead, in a worker process or a batch."""
+        self._unread = True
+        try:
+            return self.push_messages(messages)  # (a subclass's override sees them too)
+        finally:
+            self._unread = False
+
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        ids = []
+        ids, unread = [], self._unread
         for msg in messages:
             if self._partition(msg.metadata.dst_node_id) is None:
                 raise ValueError(f"unknown destination node {msg.metadata.dst_node_id}")
@@ -307,9 +310,9 @@ class InProcessGrid(Grid):
                 if nid not in self._executors:
                     self._executors[nid] = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"node{nid}")
                 self._futures[mid] = self._executors[nid].submit(self._execute, msg)
-            elif self.ahead:
+            elif self.ahead and not unread:
                 self._futures[mid] = self._pooled(self._execute_in_order, msg)
-            elif self.batches is None or not self.batches.push(mid, msg):
+            elif self.batches is None or not self.batches.push(mid, msg, alone=unread):
                 self._pending[mid] = msg
             ids.append(mid)
         self.messages_pushed += len(ids)
@@ -323,6 +326,8 @@ class InProcessGrid(Grid):
                 if fut is not None and fut.done():
                     del self._futures[mid]
                     replies.append(fut.result())
+                elif mid in self._pending:  # (pushed unread: computed now)
+                    replies.append(self._execute_in_order(self._pending.pop(mid)))
             return replies
         for mid in message_ids:
             msg = self._pending.pop(mid, None)

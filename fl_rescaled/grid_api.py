@@ -10,7 +10,9 @@ asynchronous run can use a little more, when the Grid offers it (``AsyncGrid``):
 - ``node_config(node_id)``: a node's config (its ``tau`` on the virtual clock);
 - ``wait_messages(ids, timeout)``: block until replies are ready, instead of polling;
 - ``discard_messages(ids)``: forget messages whose replies are no longer wanted (cancelled jobs);
-- ``submit(fn, *args)``: run ``fn`` on the Grid's thread pool (the central evaluation), or None.
+- ``submit(fn, *args)``: run ``fn`` on the Grid's thread pool (the central evaluation), or None;
+- ``push_unread(messages)``, looked up where used (``Transport.push_job``; ``push_messages`` without
+  it): push jobs the virtual clock knows it will not read, to be computed only if pulled after all.
 
 ``InProcessGrid`` implements all of it. ``as_async_grid`` wraps any other Grid (Flower's own
 runtimes) in ``FlowerGrid``, which adds the defaults: the wall clock, empty node configs, a sleep

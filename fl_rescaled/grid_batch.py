@@ -7,7 +7,8 @@ grouped by their batch key; when one is pulled and not yet computed, its whole g
 jobs with the same key whose nodes are online) is answered at once, cut into calls by
 ``plan_chunks``, and the other replies wait until they are pulled. Which jobs share a call is
 therefore a function of the order of pushes, pulls and discards alone: the same seed gives the same
-batches, and so the same bits, for any number of threads. With ``workers`` ≥ 2 the calls of one
+batches, and so the same bits, for any number of threads. A job pushed unread (``push_unread``: the
+virtual clock knows its reply will not be read) is a group of its own, computed only if pulled. With ``workers`` ≥ 2 the calls of one
 batch run in parallel, one on the calling thread and the others on the Grid's pool, each with the
 caller's torch thread count.
 
@@ -31,6 +32,10 @@ from typing import Any, Protocol
 from flwr.app import Context, Message
 
 from .batching import BatchEntry, Launched, plan_chunks
+
+
+#: The batch key of a job pushed unread: a group of its own.
+_ALONE = object()
 
 
 def _cancel_all(launched: dict) -> None:
@@ -75,15 +80,19 @@ class LazyBatches:
         self.calls = 0
         self.jobs = 0
 
-    def push(self, mid: str, msg: Message) -> bool:
-        """Hold ``msg`` until it is pulled; False if it cannot be batched (the Grid runs it alone)."""
+    def push(self, mid: str, msg: Message, alone: bool = False) -> bool:
+        """Hold ``msg`` until it is pulled; False if it cannot be batched (the Grid runs it alone).
+        ``alone``: its reply is not expected to be pulled (``InProcessGrid.push_unread``): it is never
+        launched, and if it is pulled it is computed by itself, a batch of one."""
         try:
             key = self.entry.key(msg)
         except Exception:  # noqa: BLE001 - a message the key cannot read goes one by one (and fails there)
             key = None
         if key is None:
             return False
-        if self.entry.launch is not None and self.grid.workers > 1 and msg.metadata.dst_node_id not in self.grid.offline:
+        if alone:
+            key = (_ALONE, mid)
+        elif self.entry.launch is not None and self.grid.workers > 1 and msg.metadata.dst_node_id not in self.grid.offline:
             ctx = self.grid.context(msg.metadata.dst_node_id)
             try:
                 started = self.entry.launch(msg, ctx)

@@ -213,3 +213,67 @@ def test_a_plain_clientapp_runs_one_by_one_and_an_offline_node_is_unavailable():
     grid.set_online(n2, False)  # down after its reply was computed: unavailable when pulled
     rest = list(grid.pull_messages(ids[1:]))
     assert not first[0].has_error() and all(r.has_error() for r in rest)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_job_pushed_unread_is_computed_only_if_pulled_and_then_alone(workers):
+    calls: list[int] = []
+    grid = InProcessGrid(_doubling_app(calls), 4, workers=workers)
+    nodes = list(grid.get_node_ids())
+    ids = list(grid.push_messages([_job(grid, nodes[i], float(i)) for i in range(3)]))
+    unread = list(grid.push_unread([_job(grid, nodes[3], 7.0), _job(grid, nodes[3], 8.0)]))
+    assert _values(list(grid.pull_messages([ids[0]]))) == [0.0]
+    assert calls == [3]  # the three read jobs; neither unread one joined their batch
+    grid.discard_messages([unread[0]])  # (its client went offline before it ended: never computed)
+    assert _values(list(grid.pull_messages([unread[1]]))) == [16.0]  # (pulled after all: computed, alone)
+    assert calls == [3, 1] and grid.batches.jobs == 4
+    assert list(grid.pull_messages([unread[0]])) == []
+    grid.close()
+    # A ClientApp with no batch entry, its jobs computed ahead on the pool: an unread job is not.
+    seen: list[float] = []
+    app = ClientApp()
+
+    @app.train()
+    def counted(msg: Message, context: Context) -> Message:
+        seen.append(float(msg.content["arrays"]["x"].numpy()[0]))
+        return _double(msg, context)
+
+    grid = InProcessGrid(app, 2, workers=workers)
+    n0, n1 = grid.get_node_ids()
+    (read,) = grid.push_messages([_job(grid, n0, 1.0)])
+    dropped, kept = grid.push_unread([_job(grid, n1, 2.0), _job(grid, n1, 3.0)])
+    grid.wait_messages([read, dropped, kept])
+    assert _values(list(grid.pull_messages([read, kept]))) == [2.0, 6.0]
+    grid.discard_messages([dropped])
+    grid.close()  # (waits for the pool: whatever was started ahead is done)
+    assert sorted(seen) == [1.0, 3.0]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_jobs_whose_replies_the_clock_will_not_read_are_never_computed(monkeypatch, workers):
+    """A job whose client goes offline before it ends (``offline``), or that ends after the budget,
+    is pushed unread: with clients that come and go, the run computes exactly the replies it reads,
+    and its trajectory is the one of a Grid that computes every job (no ``push_unread``)."""
+    from fl_rescaled.grid_batch import LazyBatches
+
+    computed: list[str] = []
+    call = LazyBatches._call
+
+    def counting(self, msgs, contexts):
+        computed.extend(m.metadata.message_id for m in msgs)
+        return call(self, msgs, contexts)
+
+    monkeypatch.setattr(LazyBatches, "_call", counting)
+    kw = dict(task="quadratic", strategy="rescaled", num_clients=30, options={"concurrency": 6}, lr=0.05,
+              budget=150, delays="lognormal", availability="daily", availability_period=30, seed=7, noise=0.2,
+              quad_dim=2, workers=workers)
+    hinted = run(RunSpec(**kw))
+    read = hinted["num_updates"]
+    assert hinted["rejected"]["offline"] > 10 and sorted(hinted["rejected"]) == ["offline"]
+    assert len(computed) == len(set(computed)) == read
+    computed.clear()
+    monkeypatch.delattr(InProcessGrid, "push_unread")
+    every = run(RunSpec(**kw))
+    same_bits(hinted, every)
+    assert hinted["rejected"] == every["rejected"] and hinted["final_params"] == every["final_params"]
+    assert len(computed) > read + 10  # (the jobs lost offline and those in flight at the end)

@@ -203,8 +203,7 @@ class AsyncClientManager:
             tag.update(self.worker_config[worker])
         job.config = {**self.train_config, **config, **tag} if config else {**self.train_config, **tag}
         self.population.selector.busy(worker)
-        self.transport.push_job(job)
-        self.source.dispatched(job)
+        self.transport.push_job(job, read=self.source.dispatched(job))
         for obs in self.observers:
             obs.job_sent(job)
         return job

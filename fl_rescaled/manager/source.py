@@ -66,8 +66,9 @@ class CompletionSource(Protocol):
         """The run starts (its strategy's ``start()`` was called; before the nodes are waited for)."""
 
     # -- jobs
-    def dispatched(self, job: Job) -> None:
-        """``job`` was pushed: set its start (and, when simulated, finishing) time."""
+    def dispatched(self, job: Job) -> bool:
+        """``job`` is about to be pushed: set its start (and, when simulated, finishing) time. False
+        when the source knows now that its reply will not be read (``Transport.push_job``'s ``read``)."""
 
     def no_worker(self, population: Population, after: int | None) -> None:
         """No worker could take the job that follows ``after``'s: arrange for its slot to be filled."""

@@ -72,12 +72,16 @@ class Transport:
         self.on_cancelled_reply: Callable[[Job, Message], None] = lambda job, rep: None
         self.on_stray: Callable[[str], None] = lambda reason: None
 
-    def push_job(self, job: Job) -> None:
-        """Send ``job`` (its model and config) to its node as a Flower ``train`` Message."""
+    def push_job(self, job: Job, read: bool = True) -> None:
+        """Send ``job`` (its model and config) to its node as a Flower ``train`` Message. ``read``
+        False: the virtual clock knows its reply will not be read (its client goes offline first, it
+        ends after the budget); a Grid that offers ``push_unread`` (the in-process one) then computes
+        it only if it is pulled after all, never ahead of time or in another job's batch."""
         assert job.model is not None
         msg = plain_message(job_content(job.model, job.config, *self.keys), job.node_id, JOB_TYPE, ttl=self.ttl,
                             group_id=str(job.version))
-        (mid,) = self.grid.push_messages([msg])
+        push = self.grid.push_messages if read else getattr(self.grid, "push_unread", self.grid.push_messages)
+        (mid,) = push([msg])
         job.message_id = mid
         job.pushed_at = time.monotonic()
         self.inflight[mid] = job

@@ -5,7 +5,9 @@ compute time drawn from the clock's model (``fl_rescaled.delays``) when it start
 out of a heap in order of finishing time, ties broken by worker index, then job id (O(log C) per
 event for C jobs in flight, whatever the number of workers), whatever order the Grid computes replies
 in; the source then waits for that job's reply (an in-process Grid computes it now, or has computed
-it ahead). Cancelled jobs leave the heap lazily.
+it ahead). Cancelled jobs leave the heap lazily. A job's times are drawn before it is pushed, so
+that one whose reply will not be read (its client goes offline first, or it ends after the budget
+last asked for) is pushed unread (``Transport.push_job``): an in-process Grid never computes it.
 
 With an availability model (``fl_rescaled.availability``) a job whose client goes offline before it
 finishes is lost at that moment (``offline``: its reply is never computed), and the source tells
@@ -75,8 +77,9 @@ class VirtualSource:
         self.membership = membership
         self.observers = observers
         self.free_at = np.zeros(0)  # per worker: the virtual time its queue empties
-        self._heap: list[tuple[float, int, int, str]] = []  # (time, worker, job id, message id)
-        self._cut: dict[str, float] = {}  # jobs whose client goes offline before they finish
+        self._heap: list[tuple[float, int, int, Job]] = []  # (time, worker, job id, job)
+        self._cut: dict[int, float] = {}  # job id -> when: jobs whose client goes offline before they finish
+        self._budget = math.inf  # the last budget asked for (``next``): a job ending after it is not read
         self._events: list[tuple[float, int, int]] = []  # (time, kind, worker)
         self._returning: set[int] = set()  # workers with a JOINED event pending (one each)
         self.woken = 0  # slots that waited for a client to come back, and can be filled now
@@ -134,13 +137,17 @@ class VirtualSource:
     def start(self) -> None:
         """(The virtual clock starts at 0 with the run.)"""
 
-    def dispatched(self, job: Job) -> None:
-        """``job`` was pushed: it starts when its worker is free and competes for the next event."""
+    def dispatched(self, job: Job) -> bool:
+        """``job`` is about to be pushed: it starts when its worker is free and competes for the next
+        event. False when its reply will not be read: its client goes offline first, or it ends after
+        the budget (the in-process Grid then leaves it uncomputed unless it is pulled after all)."""
         w = job.worker
         job.start_time = start = max(self.clock.now, float(self.free_at[w]))
         job.finish_time = start + self.clock.job_duration(w, start)
         self.free_at[w] = job.finish_time
-        heapq.heappush(self._heap, (self._ends_at(job), w, job.job_id, job.message_id))
+        ends = self._ends_at(job)
+        heapq.heappush(self._heap, (ends, w, job.job_id, job))
+        return ends <= self._budget and job.job_id not in self._cut
 
     def _ends_at(self, job: Job) -> float:
         """When ``job`` ends: its finishing time, or earlier when its client goes offline first (then
@@ -148,7 +155,7 @@ class VirtualSource:
         if self.availability is not None:
             off = self.availability.next_off(job.worker, job.start_time)
             if off < job.finish_time:
-                self._cut[job.message_id] = off
+                self._cut[job.job_id] = off
                 return off
         return job.finish_time
 
@@ -186,8 +193,9 @@ class VirtualSource:
         or None once the next event is after ``budget``, or when clients came back (``woken``, the
         membership's ``joined``): the caller gives them work, then asks again."""
         heap, inflight, events = self._heap, self.transport.inflight, self._events
-        while heap and heap[0][3] not in inflight:
-            self._cut.pop(heapq.heappop(heap)[3], None)  # cancelled or already completed
+        self._budget = budget
+        while heap and heap[0][3].message_id not in inflight:
+            self._cut.pop(heapq.heappop(heap)[2], None)  # cancelled or already completed
         t_job = heap[0][0] if heap else np.inf
         if events and events[0][0] <= t_job:
             if events[0][0] > budget:
@@ -202,8 +210,8 @@ class VirtualSource:
             return None
         if t_job > budget:
             return None
-        job = inflight[heap[0][3]]
-        off = self._cut.pop(job.message_id, None)
+        job = heap[0][3]
+        off = self._cut.pop(job.job_id, None)
         if off is not None:
             heapq.heappop(heap)
             self.clock.advance(off)
@@ -240,7 +248,7 @@ class VirtualSource:
         w = job.worker
         if job.finish_time >= self.free_at[w]:
             self.free_at[w] = min(self.free_at[w], max(now, job.start_time))
-        self._cut.pop(job.message_id, None)
+        self._cut.pop(job.job_id, None)
         self.transport.done(job)
         self.transport.grid.discard_messages([job.message_id])
         return elapsed
@@ -251,7 +259,7 @@ class VirtualSource:
         busy = done.copy()
         for job in self.transport.inflight.values():
             if job.start_time < t:
-                busy[job.worker] += min(job.finish_time, self._cut.get(job.message_id, job.finish_time), t) \
+                busy[job.worker] += min(job.finish_time, self._cut.get(job.job_id, job.finish_time), t) \
                     - job.start_time
         return busy
 
@@ -307,7 +315,7 @@ class VirtualSource:
         self.membership.aside_until[~self.membership.roster.online] = np.inf  # (set aside for good)
         for job in jobs:
             self.transport.push_job(job)
-            self._heap.append((self._ends_at(job), job.worker, job.job_id, job.message_id))
+            self._heap.append((self._ends_at(job), job.worker, job.job_id, job))
         heapq.heapify(self._heap)
         self._events = [(float(t), int(kind), int(w)) for t, kind, w in state.events]
         heapq.heapify(self._events)

@@ -132,8 +132,9 @@ class WallSource:
     def take_woken() -> int:
         return 0
 
-    def dispatched(self, job: Job) -> None:
+    def dispatched(self, job: Job) -> bool:
         job.start_time = self.clock.now
+        return True
 
     def next(self, budget: float) -> tuple[Job, Message | None, float, str | None] | None:
         """The next reply to arrive (or the oldest job past its TTL, lost); None past ``budget``
