@@ -167,7 +167,6 @@ class InProcessGrid(Grid):
         #: left as it was made is dropped after its message (remade alike on the next)
         self.contexts: dict[int, Context] = {}
         self._pending: dict[str, Message] = {}
-        self._unread = False  # (set by ``push_unread`` around its ``push_messages``)
         self._next_id = 0
         self.messages_pushed = 0
         self.threaded = threaded
@@ -182,7 +181,7 @@ class InProcessGrid(Grid):
         self._pool: ThreadPoolExecutor | None = None
         self._node_locks: dict[int, threading.Lock] = {}
         self._torch_threads: int | None = None  # the caller's torch intra-op threads, mirrored in the pool
-        self._local = threading.local()
+        self._local = threading.local()  # (per thread: the torch threads set, ``push_unread``'s flag)
         #: Lazy batches (``fl_rescaled.grid_batch``) when the ClientApp offers a batch entry, the clock is
         #: virtual and ``batch`` is on; jobs that cannot be batched run one by one, as without it.
         # (A subclass that overrides ``_execute`` customises single jobs: it keeps them single.)
@@ -291,14 +290,14 @@ class InProcessGrid(Grid):
         """Not Flower's: ``push_messages`` for jobs the caller does not expect to pull (the virtual
         clock's manager: their client goes offline first, or they end after the budget). Each is
         computed only if pulled, alone (a batch of one): never ahead, in a worker process or a batch."""
-        self._unread = True
+        self._local.unread = True  # (this thread's pushes only: a federated evaluation may push beside it)
         try:
             return self.push_messages(messages)  # (a subclass's override sees them too)
         finally:
-            self._unread = False
+            self._local.unread = False
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        ids, unread = [], self._unread
+        ids, unread = [], getattr(self._local, "unread", False)
         for msg in messages:
             if self._partition(msg.metadata.dst_node_id) is None:
                 raise ValueError(f"unknown destination node {msg.metadata.dst_node_id}")
