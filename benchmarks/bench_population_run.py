@@ -4,10 +4,14 @@
 The run is ``bench_device.py``'s population (the population study's setting with one digit per client
 and C = N = 100, Vanilla ASGD at the middle of its grid, seed 0), built only from
 ``fl_rescaled.population.config`` so that older checkouts run it too. A warm-up at a twentieth of the
-budget first; then one line of JSON: the wall and CPU seconds of the run, its updates and final loss.
-Alternate checkouts on one machine and compare the medians:
+budget first; then one line of JSON: the wall and CPU seconds of the run, its updates, the jobs lost
+because their client went offline, and its final loss. Alternate checkouts on one machine and compare
+the medians:
 
     PYTHONPATH=/path/to/checkout python benchmarks/bench_population_run.py [--budget 30] [--workers 1]
+
+``--availability-period`` shortens (or lengthens) the clients' day, the study's 25 time units: with
+shorter days more jobs are cut off by their client going offline, replies the run never reads.
 
 ``--message-free`` (this checkout only) also times the same work with no messages, no manager and no
 validation: as many gradients and in-place steps as the run made updates, on the run's partitions,
@@ -41,17 +45,23 @@ def population_run(doc: str, workers: int, message_free: bool = False):
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--budget", type=float, default=30.0)
     ap.add_argument("--workers", type=int, default=workers)
+    ap.add_argument("--availability-period", type=float, default=None,
+                    help="the daily availability cycle's length (default: the study's); shorter days, more "
+                         "jobs whose clients go offline before they end")
     if message_free:
         ap.add_argument("--message-free", action="store_true",
                         help="also time the run's gradients and evaluations with no messages (the floor)")
     a = ap.parse_args()
-    if not 0 < a.budget < 1e6 or a.workers < 1:
-        ap.error("--budget must be in (0, 1e6) and --workers at least 1")
+    if not 0 < a.budget < 1e6 or a.workers < 1 or not 0 < (a.availability_period or 1) < 1e6:
+        ap.error("--budget and --availability-period must be in (0, 1e6) and --workers at least 1")
     torch.set_num_threads(1)
     setting = next(s for s in SETTINGS if s.concurrency == 100 and s.dirichlet == 0)
     method = next(m for m in METHODS if m.strategy == "vanilla")
     spec = spec_for(setting, method, method.grid[len(method.grid) // 2], 0, a.budget, a.budget)
-    return a, dataclasses.replace(spec, workers=a.workers)
+    spec = dataclasses.replace(spec, workers=a.workers)
+    if a.availability_period is not None:
+        spec = dataclasses.replace(spec, availability_period=a.availability_period)
+    return a, spec
 
 
 def floor_tools():
@@ -98,7 +108,8 @@ def main() -> None:
     head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True).stdout.strip()
     row = {"checkout": head or str(root), "workers": a.workers, "budget": a.budget, "wall_s": round(wall, 2),
-           "cpu_s": round(cpu, 2), "updates": out["num_updates"], "final_loss": out.get("final_loss")}
+           "cpu_s": round(cpu, 2), "updates": out["num_updates"], "offline": out["rejected"].get("offline", 0),
+           "final_loss": out.get("final_loss")}
     if a.message_free:
         row.update(message_free(spec, out["num_updates"], tools))
     print(json.dumps(row))
