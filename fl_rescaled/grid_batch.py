@@ -8,9 +8,9 @@ jobs with the same key whose nodes are online) is answered at once, cut into cal
 ``plan_chunks``, and the other replies wait until they are pulled. Which jobs share a call is
 therefore a function of the order of pushes, pulls and discards alone: the same seed gives the same
 batches, and so the same bits, for any number of threads. A job pushed unread (``push_unread``: the
-virtual clock knows its reply will not be read) is a group of its own, computed only if pulled. With ``workers`` ≥ 2 the calls of one
-batch run in parallel, one on the calling thread and the others on the Grid's pool, each with the
-caller's torch thread count.
+virtual clock knows its reply will not be read) is a group of its own, computed only if pulled. With
+``workers`` ≥ 2 the calls of one batch run in parallel, one on the calling thread and the others on
+the Grid's pool, each with the caller's torch thread count.
 
 With ``workers`` ≥ 2, a job whose ClientApp offers ``launch`` (``BatchEntry.launch``) and takes it is
 started when it is pushed (the project's ClientApp sends CPU MNIST gradients to a worker process) and
