@@ -52,7 +52,8 @@ def population_run(doc: str, workers: int, message_free: bool = False):
         ap.add_argument("--message-free", action="store_true",
                         help="also time the run's gradients and evaluations with no messages (the floor)")
     a = ap.parse_args()
-    if not 0 < a.budget < 1e6 or a.workers < 1 or not 0 < (a.availability_period or 1) < 1e6:
+    period_ok = a.availability_period is None or 0 < a.availability_period < 1e6
+    if not 0 < a.budget < 1e6 or a.workers < 1 or not period_ok:
         ap.error("--budget and --availability-period must be in (0, 1e6) and --workers at least 1")
     torch.set_num_threads(1)
     setting = next(s for s in SETTINGS if s.concurrency == 100 and s.dirichlet == 0)
