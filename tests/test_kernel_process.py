@@ -408,3 +408,44 @@ def test_with_several_torch_threads_the_jobs_stay_in_process_with_the_bits_of_wo
     two = run(_spec(22, workers=2, torch_threads=2))
     _same_bits(one, two)
     assert _worker(22) is None
+
+
+def _stopped(pid: int) -> None:
+    """Stop ``pid`` (SIGSTOP) and wait until it is stopped, not merely signalled."""
+    import time
+
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] in "Tt":
+                return
+        time.sleep(0.01)
+    raise AssertionError("the worker did not stop")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads a process's state from /proc")
+def test_the_worker_starts_the_job_wanted_soonest_then_the_first_sent(mnist_cache):
+    """Jobs waiting for the worker are computed in the order their results are wanted (``submit``'s
+    ``wanted``, the virtual clock's finishing time), the first sent first among equals and NaN as
+    never: not in the order sent. Each result is still its own job's."""
+    from fl_rescaled.tasks.kernel_worker import _next
+
+    wanted = np.array([1.0, 0.5, np.inf, 0.5])
+    assert _next([0, 1, 2, 3], wanted) == 1 and _next([3, 1], wanted) == 0 and _next([2, 0], wanted) == 1
+    task, (_, _, starts, sizes), worker = _own_worker(17, slots=8)
+    try:
+        x = task.initial_params(0)
+        rows = [minibatch_rows(starts, sizes, [w], [client_rng(17, w, 1)], 64)[0] for w in range(5)]
+        _stopped(worker._proc.pid)  # (it reads all five slot numbers at once when it goes on)
+        try:
+            sent = [worker.submit(x, r, wanted=t) for r, t in zip(rows, (3.0, float("nan"), 1.0, 2.0, 1.0))]
+        finally:
+            os.kill(worker._proc.pid, signal.SIGCONT)
+        order = [worker._read() for _ in sent]
+        assert order == [sent[2], sent[4], sent[3], sent[0], sent[1]]
+        for w, slot in enumerate(sent):
+            ref, _ = mlp_gradient(torch.from_numpy(x), *task.minibatch(w, client_rng(17, w, 1)))
+            np.testing.assert_allclose(worker.arrays["models"][slot], ref, rtol=1e-5, atol=1e-7)
+    finally:
+        worker.close()
