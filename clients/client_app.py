@@ -25,7 +25,7 @@ import time
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from fl_rescaled.batching import BatchedClientApp, wanted
+from fl_rescaled.batching import BatchedClientApp
 from fl_rescaled.layout import decode_array, encode_array
 from fl_rescaled.messages import JOB_TYPE, add_partition_query, plain_record, plain_reply
 from fl_rescaled.tasks import MnistTask, QuadraticTask, get_task, job_rng, local_sgd, scratch
@@ -181,7 +181,7 @@ def launch(msg: Message, context: Context) -> _InWorker | None:
     rng = job_rng(task, pid, int(cfg["job-seq"]))  # (a step's rows after the last step's, as mnist_jobs draws them)
     rows = minibatch_rows(starts, sizes, [pid] * max(steps, 1), [rng] * max(steps, 1), task.batch_size)
     job = (steps, float(cfg.get("local-lr", 0.0)), float(cfg.get("prox", 0.0)))
-    slot = worker.submit(x, rows, *job, wanted=wanted())  # (the worker starts the jobs wanted soonest first)
+    slot = worker.submit(x, rows, *job)
     return None if slot is None else _InWorker(msg, worker, slot, keys, task, x, rows, job, t0)
 
 

@@ -14,17 +14,11 @@ and then answers every pending job of the same key at once (``plan_chunks`` cuts
 a size that depends only on their number, never on ``--workers``, so the bits of every reply are the
 same for any number of threads). A ClientApp without a batch entry, or one with Flower mods (which
 wrap single calls only), is run one message at a time as before.
-
-``wanted()``, read inside ``launch``, says when the sender expects to pull the reply of the job being
-pushed (``WANTED``: the virtual clock sets the job's finishing time; infinite where nobody knows): a
-``launch`` that queues jobs elsewhere may start the ones wanted soonest first. It changes no reply.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Hashable, Sequence
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -33,15 +27,6 @@ from flwr.clientapp import ClientApp
 
 BatchKey = Callable[[Message], Hashable | None]
 BatchFn = Callable[[Sequence[Message], Sequence[Context]], list[Message]]
-#: When the reply of the job being pushed is expected to be pulled, on the sender's clock (smaller:
-#: sooner); set around the push by whoever knows (``Transport.push_job`` on the virtual clock).
-WANTED: ContextVar[float] = ContextVar("fl_rescaled_wanted", default=math.inf)
-
-
-def wanted() -> float:
-    """``WANTED`` for the job being pushed in this thread: a finite time, or ``inf`` when unknown."""
-    got = WANTED.get()
-    return got if got == got else math.inf  # (NaN: unknown)
 
 
 class Launched(Protocol):

@@ -4,8 +4,6 @@ float tolerance, and the same bits for any number of threads."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -279,34 +277,3 @@ def test_jobs_whose_replies_the_clock_will_not_read_are_never_computed(monkeypat
     same_bits(hinted, every)
     assert hinted["rejected"] == every["rejected"] and hinted["final_params"] == every["final_params"]
     assert len(computed) > read + 10  # (the jobs lost offline and those in flight at the end)
-
-
-def test_the_virtual_clock_says_when_each_reply_is_wanted_and_pulls_them_in_that_order(monkeypatch):
-    """Every job is pushed with ``batching.wanted()`` at its finishing time on the virtual clock (what
-    orders a worker process's queue); the replies are pulled in that order; outside a push it is ``inf``."""
-    from fl_rescaled.batching import wanted
-
-    at_push: dict[str, float] = {}
-    pulled: list[str] = []
-    push, pull = InProcessGrid.push_messages, InProcessGrid.pull_messages
-
-    def pushing(self, messages):
-        messages = list(messages)
-        ids = push(self, messages)
-        at_push.update((mid, wanted()) for mid, m in zip(ids, messages) if m.metadata.message_type == "train")
-        return ids
-
-    def pulling(self, ids):
-        replies = pull(self, ids)
-        pulled.extend(r.metadata.reply_to_message_id for r in replies)
-        return replies
-
-    monkeypatch.setattr(InProcessGrid, "push_messages", pushing)
-    monkeypatch.setattr(InProcessGrid, "pull_messages", pulling)
-    out = run(RunSpec(task="quadratic", strategy="rescaled", num_clients=8, lr=0.05, budget=40, delays="lognormal",
-                      seed=3, quad_dim=2))
-    jobs = [mid for mid in pulled if mid in at_push]
-    assert len(jobs) >= out["num_updates"] > 50
-    times = [at_push[mid] for mid in jobs]
-    assert all(0 < t < math.inf for t in times) and times == sorted(times)
-    assert wanted() == math.inf

@@ -27,7 +27,6 @@ from collections.abc import Callable
 from flwr.app import Message
 
 from fl_rescaled.algorithm import Job
-from fl_rescaled.batching import WANTED
 from fl_rescaled.grid_api import AsyncGrid, collect_replies, seconds
 from fl_rescaled.matching import from_node
 from fl_rescaled.messages import JOB_TYPE, job_content, plain_message
@@ -77,17 +76,12 @@ class Transport:
         """Send ``job`` (its model and config) to its node as a Flower ``train`` Message. ``read``
         False: the virtual clock knows its reply will not be read (its client goes offline first, it
         ends after the budget); a Grid that offers ``push_unread`` (the in-process one) then computes
-        it only if it is pulled after all, never ahead of time or in another job's batch. The push
-        runs with ``batching.WANTED`` at the job's finishing time, when its reply will be wanted."""
+        it only if it is pulled after all, never ahead of time or in another job's batch."""
         assert job.model is not None
         msg = plain_message(job_content(job.model, job.config, *self.keys), job.node_id, JOB_TYPE, ttl=self.ttl,
                             group_id=str(job.version))
         push = self.grid.push_messages if read else getattr(self.grid, "push_unread", self.grid.push_messages)
-        token = WANTED.set(job.finish_time)  # (the virtual clock's: NaN on the wall clock, unknown)
-        try:
-            (mid,) = push([msg])
-        finally:
-            WANTED.reset(token)
+        (mid,) = push([msg])
         job.message_id = mid
         job.pushed_at = time.monotonic()
         self.inflight[mid] = job

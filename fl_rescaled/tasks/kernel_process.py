@@ -9,8 +9,8 @@ when the job's reply is pulled. The worker computes exactly the one-job batched 
 (``batched.rows_job``: ``mlp_gradients`` or ``local_steps`` on one model, one torch thread), on data
 it loads itself from the task's spec, so the bits are the same. A job whose reply is wanted before the
 worker has started it is computed by the caller instead, with the same function
-(``result(steal=True)``); the worker starts the job wanted soonest (``submit``'s ``wanted``), then
-the first sent; a job no longer wanted (``abandon``) is skipped the same way if not started.
+(``result(steal=True)``: the worker takes jobs in the order they were sent, the caller wants them in
+the order they end); a job no longer wanted (``abandon``) is skipped the same way if not started.
 
 A worker is started with ``python -P -m fl_rescaled.tasks.kernel_worker`` (the caller's package
 first on its path, not the working folder's; what it writes to stderr before it is ready is quoted
@@ -60,12 +60,12 @@ def _layout(size: int, batch: int, slots: int) -> dict[str, tuple[int, np.dtype,
     model as sent, which the worker overwrites with the job's result (the gradient, or the trained
     model), each slot's row starting on a 64-byte boundary (a product's last bit can depend on its
     buffer's alignment: ``tasks.base.scratch``). ``job``: the job's local
-    steps (0: a gradient), learning rate, proximal weight and when it is wanted; ``taken``: set by the worker when it
+    steps (0: a gradient), learning rate and proximal weight; ``taken``: set by the worker when it
     starts a job, ``stolen``: set by the caller that computes the job itself (``result(steal=True)``)."""
     out, offset = {}, 0
     padded = -(-size // 16) * 16
     for name, dtype, shape in (("models", np.float32, (slots, padded)), ("rows", np.int64, (slots, MAX_STEPS * batch)),
-                               ("job", np.float64, (slots, 4)), ("losses", np.float64, (slots,)), ("taken", np.int32, (slots,)),
+                               ("job", np.float64, (slots, 3)), ("losses", np.float64, (slots,)), ("taken", np.int32, (slots,)),
                                ("stolen", np.int32, (slots,))):
         out[name] = (offset, np.dtype(dtype), shape)
         offset += -(-int(np.prod(shape)) * np.dtype(dtype).itemsize // 64) * 64
@@ -221,11 +221,11 @@ class KernelProcess:
 
     # -- jobs
     def submit(self, model: np.ndarray, rows: np.ndarray, steps: int = 0, lr: float = 0.0,
-               prox: float = 0.0, wanted: float = float("inf")) -> int | None:
+               prox: float = 0.0) -> int | None:
         """Send one job: a gradient at ``model`` on the minibatch ``rows`` (``steps`` = 0), or
         ``steps`` local SGD steps (``batched.local_steps``), one row of ``rows`` each, on one torch
-        thread; ``wanted``: when its result will be asked for (smaller first; NaN as ``inf``). Its slot,
-        or None when every slot is taken or it has too many steps (compute it in process)."""
+        thread. Its slot, or None when every slot is taken or it has too many steps (compute it in
+        process)."""
         rows = np.asarray(rows, np.int64).reshape(max(steps, 1), -1)
         if os.getpid() != self._owner:
             return None
@@ -236,7 +236,7 @@ class KernelProcess:
             self.arrays["taken"][slot] = self.arrays["stolen"][slot] = 0
             self.arrays["models"][slot] = model
             self.arrays["rows"][slot, :rows.size] = rows.reshape(-1)
-            self.arrays["job"][slot] = (steps, lr, prox, wanted if wanted == wanted else float("inf"))
+            self.arrays["job"][slot] = (steps, lr, prox)
             try:
                 self._proc.stdin.write(struct.pack("<i", slot))
                 self._proc.stdin.flush()

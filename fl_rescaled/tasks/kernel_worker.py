@@ -4,9 +4,7 @@ the minibatch size and the task's spec.
 
 It reads slot numbers from stdin, computes each job with ``batched.rows_job`` on data it loads itself
 from the spec (one torch thread, the caller's kernel), writes the result over the slot's model and the number
-to stdout (flagged when it skipped a stolen job or could not compute one). Of the jobs it has read and not
-started it takes the one wanted soonest (``_next``), so the order of the caller's pulls, not of its
-sends; the order changes no result. What goes wrong before it
+to stdout (flagged when it skipped a stolen job or could not compute one). What goes wrong before it
 says it is ready is written to stderr, which the caller quotes when it gives the worker up; after
 that its stderr is discarded.
 """
@@ -14,10 +12,8 @@ that its stderr is discarded.
 from __future__ import annotations
 
 import os
-import select
 import struct
 import sys
-from collections.abc import Iterator
 
 import numpy as np
 
@@ -26,33 +22,8 @@ from .kernel_process import _FAILED, _READY, _SKIPPED, _layout, _views
 from .registry import get_task
 
 
-def _next(pending: list[int], wanted: np.ndarray) -> int:
-    """Which of the ``pending`` slots (in the order sent) to compute next: the one whose job is wanted
-    soonest (``wanted``: each slot's time), the first sent among equals."""
-    return min(range(len(pending)), key=lambda i: (wanted[pending[i]], i))
-
-
-def _slots(fd: int, wanted: np.ndarray) -> Iterator[int]:
-    """The slot numbers the caller sends, each taken (``_next``) among all those already in the pipe;
-    ends at a negative number or when the pipe closes."""
-    inbox, pending = bytearray(), []
-    while True:
-        while not pending or select.select([fd], [], [], 0)[0]:  # (blocks only with nothing to compute)
-            chunk = os.read(fd, 4096)
-            if not chunk:
-                return
-            inbox += chunk
-            whole = len(inbox) // 4 * 4
-            for (slot,) in struct.iter_unpack("<i", bytes(inbox[:whole])):
-                if slot < 0:
-                    return
-                pending.append(slot)
-            del inbox[:whole]
-        yield pending.pop(_next(pending, wanted))
-
-
 def _serve(path: str, slots: int, size: int, batch: int, spec: str) -> None:
-    """The worker's loop: take a slot number (``_slots``), compute its job, write the number back."""
+    """The worker's loop: read a slot number, compute its job, write the number back (-1 stops)."""
     out = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)  # (anything the task prints goes to stderr, never into the answers)
     import torch
@@ -68,13 +39,20 @@ def _serve(path: str, slots: int, size: int, batch: int, spec: str) -> None:
     null = os.open(os.devnull, os.O_WRONLY)  # (started: the caller no longer reads what it says)
     os.dup2(null, 1)
     os.dup2(null, 2)
-    for slot in _slots(sys.stdin.fileno(), job[:, 3]):
+    inp = sys.stdin.buffer
+    while True:
+        data = inp.read(4)
+        if len(data) != 4:
+            return
+        slot = struct.unpack("<i", data)[0]
+        if slot < 0:
+            return
         try:
             taken[slot] = 1
             if stolen[slot]:  # (the caller computes it: see ``KernelProcess.result``)
                 out.write(struct.pack("<i", slot | _SKIPPED))
                 continue
-            steps, lr, prox = (float(v) for v in job[slot, :3])
+            steps, lr, prox = (float(v) for v in job[slot])
             model = a["models"][slot:slot + 1]  # (the result goes over it: its memory is hot here)
             y, loss = rows_job(X, Y, model, a["rows"][slot].view(-1, batch), batch, int(steps), lr, prox, out=model)
             if y.data_ptr() != model.data_ptr():  # (local steps: the trained model, a tensor of its own)
