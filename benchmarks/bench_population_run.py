@@ -5,7 +5,9 @@ The run is ``bench_device.py``'s population (the population study's setting with
 and C = N = 100, Vanilla ASGD at the middle of its grid, seed 0), built only from
 ``fl_rescaled.population.config`` so that older checkouts run it too. A warm-up at a twentieth of the
 budget first; then one line of JSON: the wall and CPU seconds of the run, its updates, the jobs lost
-because their client went offline, and its final loss. Alternate checkouts on one machine and compare
+because their client went offline, and its final loss; also the CPU seconds of the thread that drives
+the run (``loop_cpu_s``) and of the MNIST worker processes (``worker_cpu_s``, with ``--workers`` ≥ 2;
+null where a checkout has none): with the wall seconds, which of the two bounds the run. Alternate checkouts on one machine and compare
 the medians:
 
     PYTHONPATH=/path/to/checkout python benchmarks/bench_population_run.py [--budget 30] [--workers 1]
@@ -29,6 +31,7 @@ import fl_rescaled  # noqa: F401  (first: Flower offline)
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import json  # noqa: E402
+import os  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -98,19 +101,39 @@ def message_free(spec, updates: int, tools) -> dict:
             "evaluations_s": round(evaluations, 2), "kernel_threads_s": round(threads, 2)}
 
 
+def worker_cpu() -> float | None:
+    """CPU seconds so far of the MNIST worker processes this process started (``/proc``); None where
+    there are none (``--workers 1``, a checkout without them) or ``/proc`` cannot be read."""
+    try:
+        from fl_rescaled.tasks import kernel_process
+    except ImportError:
+        return None
+    total, tick = None, os.sysconf("SC_CLK_TCK")
+    for pool in kernel_process._WORKERS.values():
+        for worker in pool:
+            try:
+                with open(f"/proc/{worker._proc.pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                return None
+            total = (total or 0.0) + (int(fields[11]) + int(fields[12])) / tick  # (utime + stime)
+    return total
+
+
 def main() -> None:
     a, spec = population_run(__doc__, workers=1, message_free=True)
     tools = floor_tools() if a.message_free else None
-    run(dataclasses.replace(spec, budget=a.budget / 20))  # warm-up: data, caches
-    t0, c0 = time.perf_counter(), time.process_time()
+    run(dataclasses.replace(spec, budget=a.budget / 20))  # warm-up: data, caches (and the worker processes)
+    t0, c0, l0, k0 = time.perf_counter(), time.process_time(), time.thread_time(), worker_cpu()
     out = run(spec)
-    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    wall, cpu, loop, k1 = time.perf_counter() - t0, time.process_time() - c0, time.thread_time() - l0, worker_cpu()
     root = Path(fl_rescaled.__file__).resolve().parent.parent
     head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True).stdout.strip()
     row = {"checkout": head or str(root), "workers": a.workers, "budget": a.budget, "wall_s": round(wall, 2),
            "cpu_s": round(cpu, 2), "updates": out["num_updates"], "offline": out["rejected"].get("offline", 0),
-           "final_loss": out.get("final_loss")}
+           "final_loss": out.get("final_loss"), "loop_cpu_s": round(loop, 2),
+           "worker_cpu_s": None if k0 is None or k1 is None else round(k1 - k0, 2)}
     if a.message_free:
         row.update(message_free(spec, out["num_updates"], tools))
     print(json.dumps(row))
