@@ -7,8 +7,8 @@ and C = N = 100, Vanilla ASGD at the middle of its grid, seed 0), built only fro
 budget first; then one line of JSON: the wall and CPU seconds of the run, its updates, the jobs lost
 because their client went offline, and its final loss; also the CPU seconds of the thread that drives
 the run (``loop_cpu_s``) and of the MNIST worker processes (``worker_cpu_s``, with ``--workers`` ≥ 2;
-null where a checkout has none): with the wall seconds, which of the two bounds the run. Alternate checkouts on one machine and compare
-the medians:
+null where a checkout has none, or a worker stopped during the run): beside the wall seconds, which
+of the two bounds the run. Alternate checkouts on one machine and compare the medians:
 
     PYTHONPATH=/path/to/checkout python benchmarks/bench_population_run.py [--budget 30] [--workers 1]
 
@@ -101,14 +101,14 @@ def message_free(spec, updates: int, tools) -> dict:
             "evaluations_s": round(evaluations, 2), "kernel_threads_s": round(threads, 2)}
 
 
-def worker_cpu() -> float | None:
-    """CPU seconds so far of the MNIST worker processes this process started (``/proc``); None where
-    there are none (``--workers 1``, a checkout without them) or ``/proc`` cannot be read."""
+def worker_cpu() -> dict[int, float] | None:
+    """CPU seconds so far of each MNIST worker process this process started, by pid (``/proc``); None
+    where there are none (``--workers 1``, a checkout without them) or ``/proc`` cannot be read."""
     try:
         from fl_rescaled.tasks import kernel_process
     except ImportError:
         return None
-    total, tick = None, os.sysconf("SC_CLK_TCK")
+    seconds, tick = {}, os.sysconf("SC_CLK_TCK")
     for pool in kernel_process._WORKERS.values():
         for worker in pool:
             try:
@@ -116,8 +116,16 @@ def worker_cpu() -> float | None:
                     fields = f.read().rsplit(")", 1)[1].split()
             except OSError:
                 return None
-            total = (total or 0.0) + (int(fields[11]) + int(fields[12])) / tick  # (utime + stime)
-    return total
+            seconds[worker._proc.pid] = (int(fields[11]) + int(fields[12])) / tick  # (utime + stime)
+    return seconds or None
+
+
+def worker_cpu_during(before: dict[int, float] | None, after: dict[int, float] | None) -> float | None:
+    """The worker processes' CPU seconds between two ``worker_cpu()``: a worker started between them
+    counts whole; None if one of those before is gone (its last seconds are unknown) or there are none."""
+    if after is None or (before is not None and not set(before) <= set(after)):
+        return None
+    return round(sum(s - (before or {}).get(pid, 0.0) for pid, s in after.items()), 2)
 
 
 def main() -> None:
@@ -133,7 +141,7 @@ def main() -> None:
     row = {"checkout": head or str(root), "workers": a.workers, "budget": a.budget, "wall_s": round(wall, 2),
            "cpu_s": round(cpu, 2), "updates": out["num_updates"], "offline": out["rejected"].get("offline", 0),
            "final_loss": out.get("final_loss"), "loop_cpu_s": round(loop, 2),
-           "worker_cpu_s": None if k0 is None or k1 is None else round(k1 - k0, 2)}
+           "worker_cpu_s": worker_cpu_during(k0, k1)}
     if a.message_free:
         row.update(message_free(spec, out["num_updates"], tools))
     print(json.dumps(row))
