@@ -21,7 +21,10 @@ as soon as they are sent). Bare loops, same N steps on the same partitions:
       and one torch thread, nothing shared or sent between them: what two cores compute when no
       thread waits for another's GIL, the physical reference of ``--workers 2`` on two cores.
 The ratio (stack updates/s) / (bare steps/s) is the price of going through Flower's Message API.
-Every row is the median of ``--repeats`` interleaved repeats.
+Every row is the median of ``--repeats`` interleaved repeats. After the table, where the time of the
+``--workers 2`` runs with one worker process went: the event loop's CPU, its own and the jobs it took
+from the worker, the worker's CPU a job, and the bound of the two processes perfectly balanced
+(``balance_line``).
 
     python benchmarks/bench_stack.py [--updates 20000] [--repeats 3]
 """
@@ -64,6 +67,61 @@ def bench_stack_processes(n_updates: int, processes: int) -> float:
         return bench_stack(n_updates, 2)
     finally:
         kp.PROCESSES = default
+
+
+def bench_stack_balance(n_updates: int, seen: list[dict[str, float]]) -> float:
+    """``bench_stack_processes(n_updates, 1)``, and where its updates' time went, appended to ``seen``
+    (µs an update unless said): ``T`` the wall time; ``loop`` the CPU of the thread that runs the event
+    loop, of which ``steal_cpu`` went to the jobs it computed itself because the worker had not started
+    them when their replies were wanted (``steals`` an update, ``batched.rows_job`` in this process);
+    ``worker`` the worker process's CPU and ``jobs`` the jobs it answered an update (``/proc``)."""
+    import fl_rescaled.clients.client_app as app
+
+    from bench_population_run import worker_cpu, worker_cpu_during
+
+    real, spent = app.rows_job, [0.0, 0]
+
+    def rows_job(*args, **kwargs):
+        t0 = time.thread_time()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            spent[0] += time.thread_time() - t0
+            spent[1] += 1
+
+    default, kp.PROCESSES, app.rows_job = kp.PROCESSES, 1, rows_job
+    try:
+        answered = sum(w.answered for pool in kp._WORKERS.values() for w in pool)
+        t0, c0, k0 = time.perf_counter(), time.thread_time(), worker_cpu()
+        spent[:] = [0.0, 0]
+        out = run(RunSpec(strategy="rescaled", budget=n_updates / 3.875, eval_every=n_updates / 3.875 * 10, lr=1.0,
+                          workers=2))
+        wall, loop, k1 = time.perf_counter() - t0, time.thread_time() - c0, worker_cpu()
+        answered = sum(w.answered for pool in kp._WORKERS.values() for w in pool) - answered
+    finally:
+        kp.PROCESSES, app.rows_job = default, real
+    u, worker = out["num_updates"], worker_cpu_during(k0, k1)
+    seen.append({"T": 1e6 * wall / u, "loop": 1e6 * loop / u, "steal_cpu": 1e6 * spent[0] / u, "steals": spent[1] / u,
+                 "worker": float("nan") if worker is None else 1e6 * worker / u, "jobs": answered / u})
+    return u / wall
+
+
+def balance_line(seen: list[dict[str, float]], bare: float) -> str:
+    """The medians of ``bench_stack_balance``'s rows, per update and per job, and the bound of the two
+    processes perfectly balanced: the event loop's own work ``L`` plus a share ``f`` of the jobs at
+    ``S`` each, against the worker's ``(1 - f)`` jobs at ``W`` each; the smallest ``max(L + f S,
+    (1 - f) W)`` is at ``f* = (W - L) / (S + W)`` when ``W > L`` (else at f* = 0: the loop alone).
+    ``bare``: the 1-thread bare loop's steps/s."""
+    med = {k: statistics.median(r[k] for r in seen) for k in seen[0]}
+    S = med["steal_cpu"] / med["steals"] if med["steals"] else float("nan")
+    L, W = med["loop"] - med["steal_cpu"], med["worker"] / med["jobs"]
+    f = max(0.0, (W - L) / (S + W)) if S == S else 0.0
+    best = max(L + f * S, (1 - f) * W) if S == S else max(L, W)
+    return (f"--workers 2, one worker process, where an update's time goes (medians of {len(seen)}): {med['T']:.0f} µs "
+            f"an update; the event loop {med['loop']:.0f} µs of CPU ({med['loop'] / med['T']:.0%} busy) = {L:.0f} of "
+            f"its own + {med['steals']:.3f} stolen jobs × {S:.0f}; the worker {W:.0f} µs a job × {med['jobs']:.2f} "
+            f"({med['worker'] / med['T']:.0%} busy); perfectly balanced: {best:.0f} µs at {f:.3f} stolen "
+            f"(×{1e6 / best / bare:.2f} of the 1-thread bare loop, against ×{1e6 / med['T'] / bare:.2f} measured)")
 
 
 def bench_loop_alone(n_updates: int, task) -> float:
@@ -227,9 +285,10 @@ def main() -> None:
     spec = {"task": "mnist", "seed": 0, "num-partitions": 10, "batch-size": 64, "dirichlet-alpha": 0.0}
     task = get_task(spec)
     task.partition(0)
+    balance: list[dict[str, float]] = []
     cases = {
         "stack, --workers 1 (batched)": lambda: bench_stack(args.updates, 1),
-        "stack, --workers 2, one worker process": lambda: bench_stack_processes(args.updates, 1),
+        "stack, --workers 2, one worker process": lambda: bench_stack_balance(args.updates, balance),
         "stack, --workers 2, two worker processes": lambda: bench_stack_processes(args.updates, 2),
         "loop alone (every gradient free)": lambda: bench_loop_alone(args.updates, task),
         "stack, --workers 1 --no-batch": lambda: bench_stack(args.updates, 1, batch=False),
@@ -265,6 +324,7 @@ def main() -> None:
         print(f"  {k:<44}{v:9.0f} steps/s {1e6 / v:7.0f} µs/step  ×{v / base:.2f} of the 1-thread bare loop"
               f"  ×{v / user:.2f} of the 1-thread autograd loop  ×{v / kernel:.2f} of the 2-thread batched kernel"
               f"  ×{v / cores:.2f} of the 2-process bare loop   (all: {', '.join(f'{x:.0f}' for x in rows[k])})")
+    print(balance_line(balance, base))
     print(f"projected 30,000-unit run (116,250 updates, no evaluation), --workers 2, one worker process: "
           f"{116250 / mid['stack, --workers 2, one worker process']:.0f} s")
 
