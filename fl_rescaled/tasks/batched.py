@@ -172,6 +172,10 @@ def rows_job(X, Y, x, rows, batch: int, steps: int, lr: float, prox: float, out=
     steals): ``x`` a (1, P) float32 tensor, ``rows`` its minibatches' rows in the images ``X`` and
     labels ``Y``. A gradient (``steps`` = 0, written into ``out`` when given) or the model after
     ``steps`` local SGD steps, as (1, P), and the mean loss."""
+    if not steps and x.device.type == "cpu" and onednn():  # (``mlp_gradients``' one-job kernel, called directly)
+        g = x.new_empty(x.shape) if out is None else out  # (x is float32: the worker's slot, or a copy)
+        _, loss = mlp_gradient(x[0], X.index_select(0, rows[0]), Y.index_select(0, rows[0]), g[0])
+        return g, loss
     batches = ((X.index_select(0, rows[q]).view(1, batch, -1), Y.index_select(0, rows[q]).view(1, batch))
                for q in range(max(int(steps), 1)))
     if steps:

@@ -33,8 +33,10 @@ def _serve(path: str, slots: int, size: int, batch: int, spec: str) -> None:
     X, Y, _, _ = device_data(task, "cpu")
     mem = np.memmap(path, dtype=np.uint8, mode="r+")
     views = _views(mem, _layout(size, batch, slots), size)
-    job, taken, stolen = views.pop("job"), views.pop("taken"), views.pop("stolen")
-    a = {k: torch.from_numpy(v) for k, v in views.items()}
+    job, taken, stolen, losses = views.pop("job"), views.pop("taken"), views.pop("stolen"), views.pop("losses")
+    # Each slot's model (1, P) and rows (steps, batch) as tensors over the shared file, made once.
+    models = [torch.from_numpy(views["models"][s:s + 1]) for s in range(slots)]
+    rows = [torch.from_numpy(views["rows"][s]).view(-1, batch) for s in range(slots)]
     out.write(struct.pack("<i", _READY))
     null = os.open(os.devnull, os.O_WRONLY)  # (started: the caller no longer reads what it says)
     os.dup2(null, 1)
@@ -52,12 +54,12 @@ def _serve(path: str, slots: int, size: int, batch: int, spec: str) -> None:
             if stolen[slot]:  # (the caller computes it: see ``KernelProcess.result``)
                 out.write(struct.pack("<i", slot | _SKIPPED))
                 continue
-            steps, lr, prox = (float(v) for v in job[slot])
-            model = a["models"][slot:slot + 1]  # (the result goes over it: its memory is hot here)
-            y, loss = rows_job(X, Y, model, a["rows"][slot].view(-1, batch), batch, int(steps), lr, prox, out=model)
+            steps, lr, prox = job[slot].tolist()
+            model = models[slot]  # (the result goes over it: its memory is hot here)
+            y, loss = rows_job(X, Y, model, rows[slot], batch, int(steps), lr, prox, out=model)
             if y.data_ptr() != model.data_ptr():  # (local steps: the trained model, a tensor of its own)
                 model.copy_(y)
-            a["losses"][slot] = loss
+            losses[slot] = loss
             out.write(struct.pack("<i", slot))
         except Exception:  # noqa: BLE001 - the caller computes this job in process
             out.write(struct.pack("<i", slot | _FAILED))
