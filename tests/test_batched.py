@@ -132,6 +132,31 @@ def test_the_mlp_kernels_write_the_gradients_over_their_models_with_the_same_bit
         assert loss == ref_loss
 
 
+def test_one_job_as_the_worker_computes_it_equals_the_batched_kernel(kernel):
+    """``rows_job`` (the worker process's job, and a job the loop steals) gives the bits and the loss of
+    ``mlp_gradients`` on the same rows, into a buffer of its own and over the model as the worker writes
+    it (with oneDNN it calls the one-job kernel directly, as ``mlp_gradients`` does for each job)."""
+    import torch
+
+    import fl_rescaled.tasks.mnist as mnist
+    from fl_rescaled.tasks.base import aligned_empty
+    from fl_rescaled.tasks.batched import mlp_gradients, rows_job
+
+    rng = np.random.default_rng(7)
+    X = torch.from_numpy(rng.standard_normal((300, 784)).astype(np.float32))
+    Y = torch.from_numpy(rng.integers(0, 10, 300))
+    rows = torch.from_numpy(rng.choice(300, (1, 64), replace=False))
+    w = mnist.MnistTask().initial_params(3)
+    ref, ref_loss = mlp_gradients(torch.from_numpy(w.copy()).view(1, -1), X[rows[0]].view(1, 64, -1),
+                                  Y[rows[0]].view(1, 64))
+    got, loss = rows_job(X, Y, torch.from_numpy(w.copy()).view(1, -1), rows, 64, 0, 0.0, 0.0)
+    assert got.shape == (1, w.size) and torch.equal(got, ref) and loss == float(ref_loss[0])
+    slot = torch.from_numpy(aligned_empty(w.size)).view(1, -1)  # (a worker's slot: the model, then its gradient)
+    slot.copy_(torch.from_numpy(w).view(1, -1))
+    got, loss = rows_job(X, Y, slot, rows, 64, 0, 0.0, 0.0, out=slot)
+    assert got.data_ptr() == slot.data_ptr() and torch.equal(slot, ref) and loss == float(ref_loss[0])
+
+
 @pytest.mark.mnist
 def test_mnist_local_training_batched_equals_one_by_one(mnist_cache):
     kw = dict(task="mnist", strategy="fedbuff", budget=8, eval_every=4, seed=1, local_steps=3)
