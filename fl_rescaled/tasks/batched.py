@@ -107,6 +107,13 @@ def mnist_minibatches(task: MnistTask, workers: Sequence[int], rngs: Sequence[np
     return X.index_select(0, idx).view(len(workers), m, -1), Y.index_select(0, idx).view(len(workers), m)
 
 
+def one_job_at_a_time(w) -> bool:
+    """Whether ``mlp_gradients`` computes the (B, P) models ``w`` one job at a time with ``mlp_gradient``:
+    on the CPU with oneDNN, whose products have no batch of weights. ``rows_job`` asks the same, so a
+    job computed alone has the bits of the same job in a batch."""
+    return w.device.type == "cpu" and onednn()
+
+
 def mlp_gradients(w, xb, yb, out=None):
     """The MLP's minibatch gradients of B jobs at once: (B, P) flat gradients and (B,) mean losses.
 
@@ -119,7 +126,7 @@ def mlp_gradients(w, xb, yb, out=None):
     import torch
 
     B = w.shape[0]
-    if w.device.type == "cpu" and onednn():  # one job at a time: oneDNN's products have no batch of weights
+    if one_job_at_a_time(w):
         g = torch.empty(w.shape, dtype=torch.float32) if out is None else out
         losses = [mlp_gradient(w[j], xb[j], yb[j], g[j])[1] for j in range(B)]
         return g, torch.tensor(losses, dtype=torch.float32)
@@ -172,7 +179,7 @@ def rows_job(X, Y, x, rows, batch: int, steps: int, lr: float, prox: float, out=
     steals): ``x`` a (1, P) float32 tensor, ``rows`` its minibatches' rows in the images ``X`` and
     labels ``Y``. A gradient (``steps`` = 0, written into ``out`` when given) or the model after
     ``steps`` local SGD steps, as (1, P), and the mean loss."""
-    if not steps and x.device.type == "cpu" and onednn():  # (``mlp_gradients``' one-job kernel, called directly)
+    if not steps and one_job_at_a_time(x):  # (``mlp_gradients``' one-job kernel, called directly)
         g = x.new_empty(x.shape) if out is None else out  # (x is float32: the worker's slot, or a copy)
         _, loss = mlp_gradient(x[0], X.index_select(0, rows[0]), Y.index_select(0, rows[0]), g[0])
         return g, loss
