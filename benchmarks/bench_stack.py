@@ -50,13 +50,14 @@ from fl_rescaled.tasks import mnist
 from fl_rescaled.tasks.batched import mnist_jobs
 
 
-def paper_run(n_updates: int, workers: int = 1, ahead: bool = False, batch: bool = True) -> tuple[dict, float]:
+def paper_run(n_updates: int, workers: int = 1, ahead: bool = False, batch: bool = True,
+              observers=None) -> tuple[dict, float]:
     """The stack's run (its outcome, its wall seconds): budget chosen so the default harmonic τ make about
-    ``n_updates`` updates (3.875 per time unit), no evaluation inside it."""
+    ``n_updates`` updates (3.875 per time unit), no evaluation inside it; ``observers`` as ``run``'s."""
     budget = n_updates / 3.875
     t0 = time.perf_counter()
     out = run(RunSpec(strategy="rescaled", budget=budget, eval_every=budget * 10, lr=1.0, workers=workers,
-                      ahead=ahead, no_batch=not batch))
+                      ahead=ahead, no_batch=not batch), observers=observers)
     return out, time.perf_counter() - t0
 
 
