@@ -110,17 +110,25 @@ def bench_stack_balance(n_updates: int, seen: list[dict[str, float]]) -> float:
     return u / wall
 
 
+def balanced_bound(L: float, S: float, W: float) -> tuple[float, float]:
+    """The time an update of the two processes perfectly balanced, and the share of the jobs the loop
+    computes then: the event loop's own work ``L`` plus a share ``f`` of the jobs at ``S`` each, against
+    the worker's ``(1 - f)`` jobs at ``W`` each; the smallest ``max(L + f S, (1 - f) W)`` is at
+    ``f* = (W - L) / (S + W)`` when ``W > L`` (else at f* = 0: the loop alone). ``S`` NaN (no job was
+    computed by the loop): f = 0."""
+    if S != S:
+        return max(L, W), 0.0
+    f = max(0.0, (W - L) / (S + W))
+    return max(L + f * S, (1 - f) * W), f
+
+
 def balance_line(seen: list[dict[str, float]], bare: float) -> str:
-    """The medians of ``bench_stack_balance``'s rows, per update and per job, and the bound of the two
-    processes perfectly balanced: the event loop's own work ``L`` plus a share ``f`` of the jobs at
-    ``S`` each, against the worker's ``(1 - f)`` jobs at ``W`` each; the smallest ``max(L + f S,
-    (1 - f) W)`` is at ``f* = (W - L) / (S + W)`` when ``W > L`` (else at f* = 0: the loop alone).
-    ``bare``: the 1-thread bare loop's steps/s."""
+    """The medians of ``bench_stack_balance``'s rows, per update and per job, and ``balanced_bound``
+    of them. ``bare``: the 1-thread bare loop's steps/s."""
     med = {k: statistics.median(r[k] for r in seen) for k in seen[0]}
     S = med["steal_cpu"] / med["steals"] if med["steals"] else float("nan")
     L, W = med["loop"] - med["steal_cpu"], med["worker"] / med["jobs"]
-    f = max(0.0, (W - L) / (S + W)) if S == S else 0.0
-    best = max(L + f * S, (1 - f) * W) if S == S else max(L, W)
+    best, f = balanced_bound(L, S, W)
     return (f"--workers 2, one worker process, where an update's time goes (medians of {len(seen)}): {med['T']:.0f} µs "
             f"an update; the event loop {med['loop']:.0f} µs of CPU ({med['loop'] / med['T']:.0%} busy) = {L:.0f} of "
             f"its own + {med['steals']:.3f} stolen jobs × {S:.0f}; the worker {W:.0f} µs a job × {med['jobs']:.2f} "

@@ -143,10 +143,12 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--bare", type=float, default=None, help="the 1-thread bare loop's steps/s, for ratios")
     args = ap.parse_args()
+    from bench_stack import balanced_bound
+
     events = record(args.updates)
     L, S, W = args.loop, args.steal, args.job
-    f = max(0.0, (W - L) / (S + W))
-    rows = {"balanced bound (no order reaches it)": {"T": max(L + f * S, (1 - f) * W), "steals": f, "waited": 0.0}}
+    best, f = balanced_bound(L, S, W)
+    rows = {"balanced bound (no order reaches it)": {"T": best, "steals": f, "waited": 0.0}}
     policies = [("sent", None), ("wanted", None)] + [("wanted", s) for s in (300, 400, 500, 600, 700)]
     for order, slack in policies:
         runs = [replay(events, L, S, W, order, slack, args.spread, seed) for seed in range(args.seeds)]
