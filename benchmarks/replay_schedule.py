@@ -143,6 +143,15 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--bare", type=float, default=None, help="the 1-thread bare loop's steps/s, for ratios")
     args = ap.parse_args()
+    for flag in ("loop", "steal", "job"):
+        if not 0 <= getattr(args, flag) < float("inf"):
+            ap.error(f"--{flag} is a cost in µs: a finite number ≥ 0, got {getattr(args, flag)}")
+    if not 0 <= args.spread < 1:
+        ap.error(f"--spread draws each cost within ± that share of it: from 0 up to (not) 1, got {args.spread}")
+    if args.updates < 1 or args.seeds < 1:
+        ap.error("--updates and --seeds must be at least 1")
+    if args.bare is not None and not 0 < args.bare < float("inf"):
+        ap.error(f"--bare is the bare loop's steps/s: a finite number > 0, got {args.bare}")
     from bench_stack import balanced_bound
 
     events = record(args.updates)
