@@ -18,7 +18,10 @@ same) and replays the two processes on that order with a few ways of sharing the
 Each cost is drawn per job or update, uniformly within ``± --spread`` of its mean, and each row is
 the mean over ``--seeds`` draws. The replay knows each reply's turn when its job is sent, which the
 project's Grid does not; it has no noise from the host (the measured run's loop is about 94 % busy),
-so compare its rows with each other and with ``sent``, not with a timing.
+so compare its rows with each other and with ``sent``, not with a timing. It holds each cost fixed,
+so it cannot judge a change that moves work from one process to the other: the minibatch's draw
+moved into the worker (16–17 µs off ``L`` in the run) replays 2–3 % faster, and measured slower:
+the worker's job 62–93 µs dearer (``docs/performance.md``, twenty-second round).
 
     python benchmarks/replay_schedule.py --loop 240 --steal 520 --job 310 [--updates 6000] [--bare 2850]
 """
