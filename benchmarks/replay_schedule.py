@@ -20,8 +20,9 @@ the mean over ``--seeds`` draws. The replay knows each reply's turn when its job
 project's Grid does not; it has no noise from the host (the measured run's loop is about 94 % busy),
 so compare its rows with each other and with ``sent``, not with a timing. It holds each cost fixed,
 so it cannot judge a change that moves work from one process to the other: the minibatch's draw
-moved into the worker (16–17 µs off ``L`` in the run) replays 2–3 % faster, and measured slower:
-the worker's job 62–93 µs dearer (``docs/performance.md``, twenty-second round).
+moved into the worker replayed 2–3 % faster (``L`` 20–25 µs less, ``W`` 10–12 more) and measured
+slower, ``L`` 16–17 µs less but the worker's job 62–93 µs dearer (``docs/performance.md``,
+twenty-second round).
 
     python benchmarks/replay_schedule.py --loop 240 --steal 520 --job 310 [--updates 6000] [--bare 2850]
 """
@@ -75,7 +76,6 @@ def replay(events: list[Event], loop: float, steal: float, job: float, order: st
     queued: list[tuple[float, int]] = []  # (sent at, job), in the order sent
     running: tuple[int, float] | None = None  # (job, ends at)
     done: set[int] = set()
-    kept: set[int] = set()
     steals = 0
     waited = 0.0
     updates = 0
@@ -90,7 +90,7 @@ def replay(events: list[Event], loop: float, steal: float, job: float, order: st
                 free, running = running[1], None
             if not queued:
                 return
-            start = max(free, min(s for s, _ in queued))
+            start = max(free, queued[0][0])  # (queued in the order sent: the earliest first)
             if start > until:
                 return
             ready = [q for q in queued if q[0] <= start]
@@ -105,8 +105,7 @@ def replay(events: list[Event], loop: float, steal: float, job: float, order: st
                 ahead = sum(1 for _, q in queued if turn.get(q, never) < turn.get(jid, never))
                 ends = max(t, running[1] if running else free) + job * (ahead + 1)
                 if ends > t + (turn.get(jid, never) - updates) * loop + slack:
-                    kept.add(jid)
-                    continue
+                    continue  # (kept: when wanted it is neither done, running nor queued)
             queued.append((t, jid))
             continue
         advance(t)
@@ -118,7 +117,6 @@ def replay(events: list[Event], loop: float, steal: float, job: float, order: st
             advance(t)
             done.discard(jid)
         else:  # kept, or queued and not started: the loop computes it
-            kept.discard(jid)
             queued[:] = [q for q in queued if q[1] != jid]
             steals += 1
             t += cost(steal)
