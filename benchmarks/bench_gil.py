@@ -23,7 +23,7 @@ torch thread per kernel):
 
     python benchmarks/bench_gil.py [--jobs 1500] [--python-us 300]
 
-No assertion: the numbers are for docs/performance.md ("A GIL-free kernel").
+No assertion: the numbers are for docs/performance-log.md ("A GIL-free kernel").
 """
 
 from __future__ import annotations

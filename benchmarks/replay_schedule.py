@@ -21,7 +21,7 @@ project's Grid does not; it has no noise from the host (the measured run's loop 
 so compare its rows with each other and with ``sent``, not with a timing. It holds each cost fixed,
 so it cannot judge a change that moves work from one process to the other: the minibatch's draw
 moved into the worker replayed 2–3 % faster (``L`` 20–25 µs less, ``W`` 10–12 more) and measured
-slower, ``L`` 16–17 µs less but the worker's job 62–93 µs dearer (``docs/performance.md``,
+slower, ``L`` 16–17 µs less but the worker's job 62–93 µs dearer (``docs/performance-log.md``,
 twenty-second round).
 
     python benchmarks/replay_schedule.py --loop 240 --steal 520 --job 310 [--updates 6000] [--bare 2850]

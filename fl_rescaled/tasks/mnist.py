@@ -249,7 +249,8 @@ def onednn() -> bool:
 #: (vendor, CPU family) where the oneDNN inner product is the default: AMD's family 26 (Zen 5), where
 #: the MLP's two large products took 70 µs each against 122 with MKL (which runs its AVX2 kernels on
 #: AMD). On family 25 (Zen 4) both took 137-146 µs and the gradient 504 µs with oneDNN against 425
-#: (its result is copied into the gradient); other CPUs are unmeasured (``docs/performance.md``).
+#: (its result is copied into the gradient); other CPUs are unmeasured (``docs/performance-log.md``,
+#: eighth and tenth rounds).
 ONEDNN_CPUS = frozenset({("AuthenticAMD", 26)})
 
 
